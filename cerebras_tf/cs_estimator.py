@@ -1,0 +1,181 @@
+"""CerebrasEstimator: a tf.estimator.Estimator that can target the CS system."""
+from __future__ import annotations
+
+import itertools
+import os
+from typing import Any, Callable, Iterable, Iterator
+
+import tensorflow as tf
+
+from cerebras_tf import rules
+from cerebras_tf.errors import SystemUnavailableError, raise_problems
+from cerebras_tf.precheck import precheck
+from cerebras_tf.run_config import CSRunConfig
+from cerebras_tf.spec import to_plain_spec
+from estimator import CapturedModel, EstimatorBase, EstimatorSpec, ModeKeys, RunConfig
+
+_log = tf.compat.v1.logging
+
+
+class CerebrasEstimator(EstimatorBase):
+    """Estimator for the Cerebras CS system, with CPU/GPU fallback.
+
+    With `config.cs_ip` unset (or `use_cs=False`) every method is the parent
+    tf.estimator.Estimator's, with all its features. With a cs_ip, runs
+    target the simulated CS system embedded in this process, and every
+    CS-system rule is checked before anything is written to model_dir.
+
+    Args:
+      model_fn: the usual Estimator model_fn; it may return a CSEstimatorSpec.
+      model_dir: checkpoints and summaries (plain TF checkpoints).
+      compile_dir: where compile() writes its artifact; defaults to
+        `<model_dir>/cs_compile`.
+      config: a CSRunConfig (a plain RunConfig means CPU/GPU only).
+      params: dict passed to model_fn and input_fn.
+      warm_start_from: as for tf.estimator.Estimator.
+    """
+
+    def __init__(
+        self,
+        model_fn: Callable[..., Any],
+        model_dir: str | None = None,
+        compile_dir: str | None = None,
+        config: RunConfig | None = None,
+        params: dict[str, Any] | None = None,
+        warm_start_from: Any = None,
+    ) -> None:
+        super().__init__(
+            model_fn=model_fn,
+            model_dir=model_dir,
+            config=config if config is not None else CSRunConfig(),
+            params=params,
+            warm_start_from=warm_start_from,
+        )
+        self._compile_dir = compile_dir or os.path.join(self.model_dir, "cs_compile")
+
+    @property
+    def compile_dir(self) -> str:
+        return self._compile_dir
+
+    @property
+    def cs_ip(self) -> str | None:
+        return getattr(self.config, "cs_ip", None)
+
+    def _on_cs(self, use_cs: bool) -> bool:
+        return bool(use_cs) and self.cs_ip is not None
+
+    def _adapt_spec(self, spec: EstimatorSpec, mode: str) -> EstimatorSpec:
+        return to_plain_spec(spec, mode)
+
+    def _announce_system(self, what: str) -> None:
+        _log.info(
+            "%s on the simulated CS system %r (embedded in this process; no network connection is made).",
+            what,
+            self.cs_ip,
+        )
+
+    def train(
+        self,
+        input_fn: Callable[..., Any],
+        hooks: Iterable[Any] | None = None,
+        steps: int | None = None,
+        max_steps: int | None = None,
+        saving_listeners: Iterable[Any] | None = None,
+        use_cs: bool = True,
+    ) -> "CerebrasEstimator":
+        """Train; on the CS system when a cs_ip is configured and use_cs is True."""
+        if not self._on_cs(use_cs):
+            return super().train(input_fn, hooks=hooks, steps=steps, max_steps=max_steps,
+                                 saving_listeners=saving_listeners)
+        problems = rules.run.check_train_call(hooks, steps, max_steps, saving_listeners)
+        problems += rules.config.check_tf_config()
+        self._announce_system("Training")
+        self._run_on_system(precheck(self, input_fn, ModeKeys.TRAIN, problems))
+        return self
+
+    def evaluate(
+        self,
+        input_fn: Callable[..., Any],
+        steps: int | None = None,
+        hooks: Iterable[Any] | None = None,
+        checkpoint_path: str | None = None,
+        name: str | None = None,
+        use_cs: bool = False,
+    ) -> dict[str, Any]:
+        """Evaluate; on the CS system only with use_cs=True (and a cs_ip)."""
+        if not self._on_cs(use_cs):
+            return super().evaluate(input_fn, steps=steps, hooks=hooks, checkpoint_path=checkpoint_path, name=name)
+        self._announce_system("Evaluating")
+        problems = rules.run.check_evaluate_call(hooks, steps)
+        return self._run_on_system(precheck(self, input_fn, ModeKeys.EVAL, problems))
+
+    def predict(
+        self,
+        input_fn: Callable[..., Any],
+        predict_keys: list[str] | None = None,
+        hooks: Iterable[Any] | None = None,
+        checkpoint_path: str | None = None,
+        yield_single_examples: bool = True,
+        num_samples: int | None = None,
+        use_cs: bool = False,
+    ) -> Iterator[Any]:
+        """Predict on CPU/GPU; `num_samples` stops after that many samples (needed for repeating datasets)."""
+        if self._on_cs(use_cs):
+            raise_problems(rules.run.check_predict_call())
+        if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 1):
+            raise ValueError(f"predict(num_samples={num_samples!r}): num_samples must be a positive integer.")
+        predictions = super().predict(
+            input_fn,
+            predict_keys=predict_keys,
+            hooks=hooks,
+            checkpoint_path=checkpoint_path,
+            yield_single_examples=yield_single_examples,
+        )
+        if num_samples is None:
+            return predictions
+        if yield_single_examples:
+            return itertools.islice(predictions, num_samples)
+        return _take_batches(predictions, num_samples)
+
+    def compile(
+        self,
+        input_fn: Callable[..., Any],
+        validate_only: bool = False,
+        mode: str = ModeKeys.TRAIN,
+    ) -> CapturedModel:
+        """Check the model against every CS-system rule, with no system needed.
+
+        Applies all rules whatever the cs_ip (except those about a run's
+        environment and call arguments: TF_CONFIG, hooks passed to train,
+        step counts) and raises one error listing every problem found.
+        """
+        if mode not in (ModeKeys.TRAIN, ModeKeys.EVAL):
+            raise_problems(rules.run.check_predict_call())
+        model = precheck(self, input_fn, mode)
+        if not validate_only:
+            raise SystemUnavailableError(
+                "Full compilation to a WSE program is not available in this version of cerebras-tf; "
+                "the model passed every CS-system rule.",
+                fix="Use compile(input_fn, validate_only=True) for the precheck.",
+            )
+        return model
+
+    def _run_on_system(self, model: CapturedModel) -> Any:
+        raise SystemUnavailableError(
+            f"The model passed every CS-system rule, but running a {model.input.mode} program on the simulated "
+            "WSE is not available in this version of cerebras-tf.",
+            fix="Run on CPU/GPU with use_cs=False (or cs_ip=None), or use compile(validate_only=True) "
+            "to check the model.",
+        )
+
+
+def _take_batches(batches: Iterator[dict[str, Any]], num_samples: int) -> Iterator[Any]:
+    """Yield prediction batches until `num_samples` rows have been yielded (the last one cut)."""
+    remaining = num_samples
+    for batch in batches:
+        size = len(next(iter(batch.values()))) if isinstance(batch, dict) else len(batch)
+        if size >= remaining:
+            yield {k: v[:remaining] for k, v in batch.items()} if isinstance(batch, dict) else batch[:remaining]
+            return
+        remaining -= size
+        yield batch

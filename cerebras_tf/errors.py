@@ -1,0 +1,91 @@
+"""The project's error types: every CS-system limitation raises a CerebrasError.
+
+Each error names the problem, where it came from in the user's code (when it
+can be known) and what to do instead. Where the Cerebras documentation gives
+the message, `message` is that text verbatim.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+
+class CerebrasError(Exception):
+    """Base class of every error cerebras-tf raises for a CS-system rule."""
+
+    tag = "[Cerebras]"
+
+    def __init__(self, message: str, *, where: str | None = None, fix: str | None = None) -> None:
+        self.message = message
+        self.where = where
+        self.fix = fix
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        lines = [f"{self.tag} {self.message}" if self.tag else self.message]
+        if self.where:
+            lines.append(f"  Where: {self.where}")
+        if self.fix:
+            lines.append(f"  What to do: {self.fix}")
+        return "\n".join(lines)
+
+
+class UnsupportedTensorFlowError(CerebrasError):
+    """A TensorFlow feature the CS system does not support."""
+
+    tag = "[Unsupported TensorFlow]"
+
+
+class InputFunctionError(UnsupportedTensorFlowError):
+    """input_fn or its dataset breaks a CS-system input rule."""
+
+
+class HookError(UnsupportedTensorFlowError):
+    """User hooks or saving listeners in a CS-system run."""
+
+
+class EvalMetricOpsError(UnsupportedTensorFlowError):
+    """eval_metric_ops in a CS-system run (metrics go through host_call)."""
+
+
+class UnsupportedModeError(UnsupportedTensorFlowError):
+    """A mode or entry point that does not run on the CS system."""
+
+
+class ConfigError(CerebrasError):
+    """A RunConfig/CSRunConfig setting or environment the CS system does not accept."""
+
+    tag = "[Unsupported Config]"
+
+
+class RunArgumentError(CerebrasError):
+    """Arguments of train/evaluate/predict that a CS-system run needs or refuses."""
+
+    tag = "[Invalid Run]"
+
+
+class SystemUnavailableError(CerebrasError):
+    """The simulated CS system cannot run this request in this version."""
+
+    tag = "[CS System]"
+
+
+class MultipleProblemsError(CerebrasError):
+    """Several rules failed at once; `problems` holds each error."""
+
+    tag = ""
+
+    def __init__(self, problems: Sequence[CerebrasError]) -> None:
+        self.problems = list(problems)
+        numbered = "\n".join(
+            f"{index}. " + problem.render().replace("\n", "\n   ")
+            for index, problem in enumerate(self.problems, start=1)
+        )
+        super().__init__(f"{len(self.problems)} problems prevent running this model on the CS system:\n{numbered}")
+
+
+def raise_problems(problems: Sequence[CerebrasError]) -> None:
+    """Raise nothing, the one problem, or all of them as a MultipleProblemsError."""
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise MultipleProblemsError(problems)

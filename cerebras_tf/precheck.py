@@ -1,0 +1,63 @@
+"""Capture a model for a mode and apply every CS-system rule, reporting all problems at once."""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Sequence
+
+from cerebras_tf import rules
+from cerebras_tf.errors import CerebrasError, raise_problems
+from estimator import CapturedModel, EstimatorBase, capture_input, capture_model, inspect_dataset
+
+# Arguments the Estimator knows how to pass to an input_fn.
+_ESTIMATOR_INPUT_FN_ARGS = {"params", "mode", "config"}
+
+
+def _estimator_can_call(input_fn: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(input_fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return all(
+        p.name in _ESTIMATOR_INPUT_FN_ARGS or p.default is not inspect.Parameter.empty
+        or p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        for p in parameters
+    )
+
+
+def precheck(
+    estimator: EstimatorBase,
+    input_fn: Callable[..., Any],
+    mode: str,
+    earlier_problems: Sequence[CerebrasError] = (),
+) -> CapturedModel:
+    """Capture input_fn + model_fn for `mode` and check them against the CS-system rules.
+
+    Raises the single problem found, or a MultipleProblemsError listing all of
+    them (`earlier_problems`, e.g. from the call's arguments, come first).
+    Writes nothing to disk.
+    """
+    config = estimator.config
+    problems = list(earlier_problems)
+    problems += rules.config.check_run_config(config)
+    problems += rules.input.check_input_fn_signature(input_fn)
+    if not _estimator_can_call(input_fn):
+        raise_problems(problems)
+
+    captured_input = capture_input(estimator, input_fn, mode)
+    problems += rules.input.check_returns_dataset(captured_input, input_fn)
+    try:
+        model = capture_model(estimator, captured_input, estimator.call_user_model_fn)
+    except Exception:
+        raise_problems(problems)  # the model_fn failure may follow from them; report those first
+        raise
+    problems += rules.spec.check_spec(model.spec, mode, estimator.user_model_fn)
+
+    if captured_input.is_dataset:
+        with model.graph.as_default():  # introspect after model_fn so op ids match plain TF
+            info = inspect_dataset(captured_input.result, config.session_config)
+        problems += rules.input.check_element_structure(info)
+        problems += rules.input.check_fixed_batch(info)
+        problems += rules.input.check_repeats_forever(info, mode)
+        problems += rules.input.check_shuffle_seeds(info, getattr(config, "num_input_workers", 1))
+    raise_problems(problems)
+    return model

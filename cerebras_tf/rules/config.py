@@ -1,0 +1,81 @@
+"""Rules on RunConfig and the environment of a CS-system run."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+from cerebras_tf.errors import CerebrasError, ConfigError
+from cerebras_tf.run_config import DEFAULT_TF_CONFIG
+from estimator import RunConfig, run_config_value
+
+# RunConfig arguments the CS system does not support (Cerebras documentation,
+# "Limitations of the CerebrasEstimator", Config differences).
+UNSUPPORTED_RUN_CONFIG_ARGS = (
+    "save_checkpoints_secs",
+    "train_distribute",
+    "device_fn",
+    "protocol",
+    "eval_distribute",
+    "experimental_distribute",
+    "experimental_max_worker_delay_secs",
+)
+
+# The documented lower bound on save_checkpoints_steps: the CS system trains
+# fast, and downloading all weights from the wafer for a checkpoint stalls it.
+MIN_SAVE_CHECKPOINTS_STEPS = 100
+
+_VALID_TF_CONFIG = json.dumps(DEFAULT_TF_CONFIG)
+
+
+def _config_location(config: RunConfig) -> str | None:
+    return getattr(config, "created_at", None)
+
+
+def check_run_config(config: RunConfig) -> list[CerebrasError]:
+    """Refuse RunConfig settings the CS system does not support."""
+    problems: list[CerebrasError] = []
+    where = _config_location(config)
+    for name in UNSUPPORTED_RUN_CONFIG_ARGS:
+        value = run_config_value(config, name)
+        if value is None:
+            continue
+        fix = f"Remove {name}= from the RunConfig for CS-system runs (it still works on CPU/GPU)."
+        if name == "save_checkpoints_secs":
+            fix = (
+                "Checkpoint by steps: CSRunConfig(save_checkpoints_steps=N) with N >= "
+                f"{MIN_SAVE_CHECKPOINTS_STEPS}. Note that tf.estimator.RunConfig sets save_checkpoints_secs=600 "
+                "by default; CSRunConfig checkpoints by steps."
+            )
+        problems.append(
+            ConfigError(
+                f"RunConfig parameter {name}={value!r} is not supported on the CS system.", where=where, fix=fix
+            )
+        )
+    steps = config.save_checkpoints_steps
+    if steps is not None and steps < MIN_SAVE_CHECKPOINTS_STEPS:
+        problems.append(
+            ConfigError(
+                f"save_checkpoints_steps={steps} is below the CS system's lower bound of "
+                f"{MIN_SAVE_CHECKPOINTS_STEPS}: every checkpoint downloads all weights from the wafer and "
+                "stalls training.",
+                where=where,
+                fix=f"Use save_checkpoints_steps >= {MIN_SAVE_CHECKPOINTS_STEPS}, or None to save only at the end.",
+            )
+        )
+    return problems
+
+
+def check_tf_config(environ: Mapping[str, str] = os.environ) -> list[CerebrasError]:
+    """A CS training run needs TF_CONFIG naming the chief (and any input workers)."""
+    raw = environ.get("TF_CONFIG")
+    fix = f"export TF_CONFIG='{_VALID_TF_CONFIG}' (or call cerebras_tf.set_default_tf_config() in the run script)."
+    if not raw:
+        return [ConfigError("The TF_CONFIG environment variable must be set for training on the CS system.", fix=fix)]
+    try:
+        tf_config: Any = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return [ConfigError(f"TF_CONFIG is not valid JSON ({exc}): {raw!r}.", fix=fix)]
+    if not isinstance(tf_config, dict) or "chief" not in (tf_config.get("cluster") or {}):
+        return [ConfigError(f"TF_CONFIG must list a 'chief' task under 'cluster', got {raw!r}.", fix=fix)]
+    return []

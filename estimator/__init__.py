@@ -1,0 +1,45 @@
+"""The accelerator-agnostic Estimator layer.
+
+Resolves the Estimator API for the installed TensorFlow, captures input_fn +
+model_fn into a graph for a mode, and introspects datasets. Nothing outside
+this package touches tensorflow_estimator internals.
+"""
+from estimator.api import (
+    CheckpointSaverListener,
+    Estimator,
+    EstimatorSpec,
+    EvalSpec,
+    ModeKeys,
+    RunConfig,
+    SessionRunHook,
+    TrainSpec,
+    called_from_train_and_evaluate,
+    run_config_value,
+    train_and_evaluate,
+)
+from estimator.base import EstimatorBase
+from estimator.capture import CapturedInput, CapturedModel, capture_input, capture_model
+from estimator.dataset import DatasetInfo, ShuffleSeed, inspect_dataset, is_none_spec
+
+__all__ = [
+    "CapturedInput",
+    "CapturedModel",
+    "CheckpointSaverListener",
+    "DatasetInfo",
+    "Estimator",
+    "EstimatorBase",
+    "EstimatorSpec",
+    "EvalSpec",
+    "ModeKeys",
+    "RunConfig",
+    "SessionRunHook",
+    "ShuffleSeed",
+    "TrainSpec",
+    "called_from_train_and_evaluate",
+    "capture_input",
+    "capture_model",
+    "inspect_dataset",
+    "is_none_spec",
+    "run_config_value",
+    "train_and_evaluate",
+]

@@ -1,0 +1,36 @@
+"""EstimatorBase: the one place that adapts tf.estimator.Estimator internals."""
+from __future__ import annotations
+
+from typing import Any
+
+from estimator.api import Estimator, EstimatorSpec
+
+
+class EstimatorBase(Estimator):
+    """A tf.estimator.Estimator that subclasses may extend.
+
+    tf.estimator.Estimator refuses subclasses that override its members
+    (TPUEstimator is exempt by name). Accelerator estimators must redefine
+    train/evaluate/predict, so this base lifts that guard, and gives one
+    override point, `_adapt_spec`, applied to every spec the model_fn returns
+    when the parent Estimator runs it (the CPU/GPU path).
+    """
+
+    def _assert_members_are_not_overridden(self) -> None:  # noqa: D401 - TF hook
+        """Allow overrides (see the class docstring)."""
+
+    def _call_model_fn(self, features: Any, labels: Any, mode: str, config: Any) -> EstimatorSpec:
+        return self._adapt_spec(self.call_user_model_fn(features, labels, mode, config), mode)
+
+    def call_user_model_fn(self, features: Any, labels: Any, mode: str, config: Any) -> EstimatorSpec:
+        """Call the user's model_fn exactly as tf.estimator does, returning its spec unchanged."""
+        return Estimator._call_model_fn(self, features, labels, mode, config)
+
+    def _adapt_spec(self, spec: EstimatorSpec, mode: str) -> EstimatorSpec:
+        """Turn the model_fn's spec into one the parent Estimator runs. Identity here."""
+        return spec
+
+    @property
+    def user_model_fn(self) -> Any:
+        """The model_fn exactly as the user passed it."""
+        return self._model_fn

@@ -1,0 +1,62 @@
+"""Find where in the user's code something was created."""
+from __future__ import annotations
+
+import inspect
+import os
+import sysconfig
+from typing import Any, Iterable
+
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Frames under these directories are machinery (our layers, installed
+# packages, the standard library), never the user's code.
+_MACHINERY_DIRS = tuple(
+    os.path.abspath(path) + os.sep
+    for path in (
+        os.path.join(_REPO_ROOT, "estimator"),
+        os.path.join(_REPO_ROOT, "cerebras_tf"),
+        sysconfig.get_paths()["stdlib"],
+        sysconfig.get_paths()["purelib"],
+        sysconfig.get_paths()["platlib"],
+    )
+)
+
+
+def is_user_file(filename: str) -> bool:
+    """True unless `filename` belongs to this project's layers, an installed package or the stdlib."""
+    if filename.startswith("<"):
+        return False
+    path = os.path.abspath(filename)
+    if "site-packages" in path or "dist-packages" in path:
+        return False
+    return not path.startswith(_MACHINERY_DIRS)
+
+
+def user_frame(traceback: Iterable[Any]) -> str | None:
+    """'file:line' of the innermost frame of `traceback` that lies in user code.
+
+    `traceback` is a sequence of frame summaries, outermost first (a TF op's
+    `traceback`, or `traceback.extract_stack()`).
+    """
+    found = None
+    for frame in traceback:
+        filename, lineno = frame[0], frame[1]
+        if is_user_file(filename):
+            found = f"{filename}:{lineno}"
+    return found
+
+
+def op_location(op: Any) -> str | None:
+    """'file:line' of the user code that created a TF graph operation, if known."""
+    try:
+        return user_frame(op.traceback)
+    except (AttributeError, ValueError):  # e.g. an op imported from a GraphDef
+        return None
+
+
+def function_location(fn: Any) -> str:
+    """'file:line' where a Python callable is defined (its repr if unknown)."""
+    target = inspect.unwrap(getattr(fn, "func", fn))  # functools.partial -> its function
+    try:
+        return f"{inspect.getsourcefile(target)}:{inspect.getsourcelines(target)[1]}"
+    except (TypeError, OSError):
+        return repr(fn)
