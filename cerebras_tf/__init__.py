@@ -1,22 +1,38 @@
 """cerebras-tf: take TensorFlow Estimator code to the (simulated) Cerebras CS system.
 
 Public API:
-  CerebrasEstimator, CSRunConfig, CSEstimatorSpec
-  set_default_tf_config
-  errors: CerebrasError and its subclasses
-"""
-from cerebras_tf import errors
-from cerebras_tf.cs_estimator import CerebrasEstimator
-from cerebras_tf.errors import CerebrasError
-from cerebras_tf.run_config import CSRunConfig, set_default_tf_config
-from cerebras_tf.spec import CSEstimatorSpec
+  CerebrasEstimator, CSRunConfig, CSEstimatorSpec, set_default_tf_config
+  errors (CerebrasError and its subclasses), amp (half dtypes, GradScaler)
 
-__all__ = [
-    "CSEstimatorSpec",
-    "CSRunConfig",
-    "CerebrasError",
-    "CerebrasEstimator",
-    "errors",
-    "set_default_tf_config",
-]
+The names that need TensorFlow are imported on first use, so the numpy-only
+parts (cerebras_tf.wse, cerebras_tf.amp) load without TensorFlow.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from cerebras_tf import errors
+from cerebras_tf.errors import CerebrasError
+
+_LAZY = {
+    "CerebrasEstimator": "cerebras_tf.cs_estimator",
+    "CSRunConfig": "cerebras_tf.run_config",
+    "set_default_tf_config": "cerebras_tf.run_config",
+    "CSEstimatorSpec": "cerebras_tf.spec",
+}
+
+__all__ = ["CSEstimatorSpec", "CSRunConfig", "CerebrasError", "CerebrasEstimator", "errors", "set_default_tf_config"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'cerebras_tf' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,197 @@
+"""Half-precision formats of the simulated WSE and fast float32 -> half rounding.
+
+Three 16-bit formats are supported, all IEEE-754-style binary formats with an
+implicit leading bit, bias ``2**(E-1) - 1``, gradual underflow (exponent field 0
+holds zeros and subnormals) and an all-ones exponent field for +-inf / NaN:
+
+=========  ==  ==  ====  ===================  ===============  =======
+name       E   M   bias  max finite           smallest normal  epsilon
+=========  ==  ==  ====  ===================  ===============  =======
+float16    5   10  15    65504                2**-14           2**-10
+bfloat16   8   7   127   ~3.3895e38           2**-126          2**-7
+cbfloat16  6   9   31    (2-2**-9)*2**31      2**-30           2**-9
+=========  ==  ==  ====  ===================  ===============  =======
+
+cbfloat16 (Cerebras' 1-6-9 format) is defined here by analogy with float16 and
+bfloat16: bias 31, subnormals down to ``2**-39``, exponent field 63 reserved for
+inf (mantissa 0) and NaN, so ``max_finite = 4290772992.0``. Values are never
+stored as 16-bit words: the simulator keeps float32 arrays whose values are
+exactly representable in the half format (:func:`round_to_half`).
+
+Rounding is round-to-nearest, ties-to-even, on the float32 value (inputs of
+another dtype are cast to float32 first). Magnitudes at or beyond
+``max_finite + ulp/2`` become +-inf, exactly as an IEEE cast would; NaN stays
+NaN; the sign of zero is kept. Only the default round-to-nearest float
+environment is assumed; flush-to-zero/denormals-are-zero would not change results.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "HALF_DTYPES",
+    "HalfFormat",
+    "get_half_dtype",
+    "half_format",
+    "round_to_half",
+    "set_half_dtype",
+]
+
+HALF_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "cbfloat16")
+
+_F32_MANTISSA_BITS = 23
+_ABS_MASK = np.uint32(0x7FFFFFFF)
+_SIGN_MASK = np.uint32(0x80000000)
+
+
+@dataclass(frozen=True)
+class HalfFormat:
+    """Facts about one half format (values are Python floats/ints)."""
+
+    name: str
+    exponent_bits: int
+    mantissa_bits: int
+    bias: int
+    max_finite: float
+    smallest_normal: float
+    smallest_subnormal: float
+    epsilon: float  # distance from 1.0 to the next representable value
+
+    @property
+    def min_exponent(self) -> int:
+        """Unbiased exponent of the smallest normal number (``1 - bias``)."""
+        return 1 - self.bias
+
+    @property
+    def max_exponent(self) -> int:
+        """Unbiased exponent of the largest finite number (``bias``)."""
+        return self.bias
+
+
+def _make_format(name: str, exponent_bits: int, mantissa_bits: int) -> HalfFormat:
+    bias = 2 ** (exponent_bits - 1) - 1
+    emin = 1 - bias
+    return HalfFormat(
+        name=name,
+        exponent_bits=exponent_bits,
+        mantissa_bits=mantissa_bits,
+        bias=bias,
+        max_finite=(2.0 - 2.0 ** -mantissa_bits) * 2.0 ** bias,
+        smallest_normal=2.0 ** emin,
+        smallest_subnormal=2.0 ** (emin - mantissa_bits),
+        epsilon=2.0 ** -mantissa_bits,
+    )
+
+
+_FORMATS: dict[str, HalfFormat] = {
+    "float16": _make_format("float16", 5, 10),
+    "bfloat16": _make_format("bfloat16", 8, 7),
+    "cbfloat16": _make_format("cbfloat16", 6, 9),
+}
+
+_half_dtype: str = "float16"
+
+
+def _canonical(value: Any) -> str:
+    """Map a half dtype name (or numpy float16 / ml_dtypes bfloat16 dtype) to its name."""
+    if isinstance(value, str):
+        name = value.strip().lower()
+        if name in _FORMATS:
+            return name
+    else:
+        try:
+            name = np.dtype(value).name
+        except (TypeError, ValueError):
+            name = None
+        if name in ("float16", "bfloat16"):
+            return name
+    raise ValueError(
+        f"Unsupported half dtype {value!r}: choose one of "
+        f"{', '.join(repr(n) for n in HALF_DTYPES)}."
+    )
+
+
+def set_half_dtype(value: Any) -> str:
+    """Select the half dtype used by the simulated WSE; returns its canonical name.
+
+    Accepts ``"float16"`` (default), ``"bfloat16"`` or ``"cbfloat16"`` (case
+    insensitive), or the numpy float16 / ml_dtypes bfloat16 dtype. Anything else
+    raises ``ValueError`` listing the choices.
+    """
+    global _half_dtype
+    _half_dtype = _canonical(value)
+    return _half_dtype
+
+
+def get_half_dtype() -> str:
+    """The currently selected half dtype name."""
+    return _half_dtype
+
+
+def half_format(dtype: Any = None) -> HalfFormat:
+    """The :class:`HalfFormat` of ``dtype`` (default: the selected half dtype)."""
+    return _FORMATS[_half_dtype if dtype is None else _canonical(dtype)]
+
+
+def _round_bfloat16(x: np.ndarray) -> np.ndarray:
+    """bfloat16 keeps float32's exponent: round-to-nearest-even on the top 16 bits."""
+    u = x.view(np.uint32)
+    # Add 0x7FFF plus the lowest kept bit, then truncate; a carry into the exponent
+    # (or up to the inf pattern) is the correct IEEE result, subnormals included.
+    r = np.right_shift(u, np.uint32(16))
+    np.bitwise_and(r, np.uint32(1), out=r)
+    np.add(r, u, out=r)
+    np.add(r, np.uint32(0x7FFF), out=r)
+    np.bitwise_and(r, np.uint32(0xFFFF0000), out=r)
+    nan = np.isnan(x)
+    if nan.any():  # NaN payloads may have rounded to inf or wrapped: keep the input
+        np.copyto(r, u, where=nan)
+    return r.view(np.float32)
+
+
+def _round_narrow(x: np.ndarray, fmt: HalfFormat) -> np.ndarray:
+    """Formats with fewer exponent bits than float32 (float16, cbfloat16).
+
+    Branch-free: with ``e = max(exponent(|x|), emin)`` and ``C = 2**(e + 23 - M)``,
+    the float32 sum ``|x| + C`` lies in ``[C, 2C)`` whose spacing is the format's
+    quantum at ``e``, so float32 round-to-nearest-even performs the format's
+    rounding (normal and subnormal alike) and ``(|x| + C) - C`` is exact. Values
+    beyond the format's range then overflow to inf by an exact scaling
+    ``* 2**(127 - bias) * 2**(bias - 127)``; inf and NaN pass through unchanged.
+    """
+    u = x.view(np.uint32)
+    a = np.bitwise_and(u, _ABS_MASK)
+    shift = _F32_MANTISSA_BITS - fmt.mantissa_bits
+    c = np.right_shift(a, np.uint32(_F32_MANTISSA_BITS))
+    lo = fmt.min_exponent + 127
+    hi = 254 - shift  # keeps C finite; such |x| overflow the format anyway
+    np.clip(c, np.uint32(lo), np.uint32(hi), out=c)
+    np.add(c, np.uint32(shift), out=c)
+    np.left_shift(c, np.uint32(_F32_MANTISSA_BITS), out=c)
+    big = c.view(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = a.view(np.float32) + big
+        s -= big
+        s *= np.float32(2.0 ** (127 - fmt.bias))  # |s| >= 2**(bias+1) -> inf, others exact
+        s *= np.float32(2.0 ** (fmt.bias - 127))
+    r = s.view(np.uint32)
+    np.bitwise_and(u, _SIGN_MASK, out=a)
+    np.bitwise_or(r, a, out=r)
+    return s
+
+
+def round_to_half(x: Any, dtype: str | None = None) -> np.ndarray:
+    """Round ``x`` to the half format ``dtype`` (default: the selected one).
+
+    Returns a new float32 array of the same shape whose values are exactly
+    representable in the format (round-to-nearest-even, IEEE overflow to +-inf,
+    subnormals kept, NaN preserved). Fully vectorised on uint32 views.
+    """
+    fmt = half_format(dtype)
+    arr = np.asarray(x, dtype=np.float32)
+    flat = np.ascontiguousarray(arr).reshape(-1)
+    rounded = _round_bfloat16(flat) if fmt.exponent_bits == 8 else _round_narrow(flat, fmt)
+    return rounded.reshape(arr.shape)
