@@ -89,3 +89,27 @@ def raise_problems(problems: Sequence[CerebrasError]) -> None:
         raise problems[0]
     if problems:
         raise MultipleProblemsError(problems)
+
+
+class FabricCapacityError(CerebrasError):
+    """The model does not fit on the wafer in pipelined execution mode."""
+
+    tag = "[Fabric Capacity]"
+
+
+class CompileError(UnsupportedTensorFlowError):
+    """The WSE compiler cannot lower part of the model's graph."""
+
+
+class UnsupportedOpError(CompileError):
+    """A TF op with no kernel in the WSE kernel library."""
+
+
+class DynamicShapeError(CompileError):
+    """A tensor, or a value the compiler must know (axis, shape), is not static after folding."""
+
+
+class ArtifactSystemMismatchError(CerebrasError):
+    """A compiled artifact was built for another CS system."""
+
+    tag = "[CS System]"
