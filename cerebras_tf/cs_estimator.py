@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterable, Iterator
 import tensorflow as tf
 
 from cerebras_tf import rules
+from cerebras_tf.compiler.driver import CompileResult, compile_model
 from cerebras_tf.errors import SystemUnavailableError, raise_problems
 from cerebras_tf.precheck import precheck
 from cerebras_tf.run_config import CSRunConfig
@@ -142,23 +143,30 @@ class CerebrasEstimator(EstimatorBase):
         input_fn: Callable[..., Any],
         validate_only: bool = False,
         mode: str = ModeKeys.TRAIN,
-    ) -> CapturedModel:
-        """Check the model against every CS-system rule, with no system needed.
+    ) -> CompileResult:
+        """Check the model against every CS-system rule and compile it for the WSE, with no system needed.
 
         Applies all rules whatever the cs_ip (except those about a run's
         environment and call arguments: TF_CONFIG, hooks passed to train,
-        step counts) and raises one error listing every problem found.
+        step counts) and raises one error listing every problem found. Then
+        lowers the graph to the WSE kernel IR: `validate_only=True` stops after
+        matching every op to a kernel (nothing written); otherwise the artifact
+        is written to compile_dir, or reused from there when the graph and the
+        target system (config.system_name, default the cs_ip) are unchanged.
+        Returns the CompileResult (program, kernel counts, report, reused).
         """
         if mode not in (ModeKeys.TRAIN, ModeKeys.EVAL):
             raise_problems(rules.run.check_predict_call())
         model = precheck(self, input_fn, mode)
-        if not validate_only:
-            raise SystemUnavailableError(
-                "Full compilation to a WSE program is not available in this version of cerebras-tf; "
-                "the model passed every CS-system rule.",
-                fix="Use compile(input_fn, validate_only=True) for the precheck.",
-            )
-        return model
+        result = compile_model(
+            model,
+            validate_only=validate_only,
+            compile_dir=None if validate_only else self.compile_dir,
+            system_name=getattr(self.config, "system_name", None),
+            fabric=(getattr(self.config, "cs_config", None) or {}).get("fabric"),
+        )
+        _log.info("%s\n%s", "Validated" if validate_only else "Compiled", result.report)
+        return result
 
     def _run_on_system(self, model: CapturedModel) -> Any:
         raise SystemUnavailableError(

@@ -1,0 +1,67 @@
+"""Per-layer costs of a program, per training sample, for the pipelined placement model.
+
+Pure data over the IR (no TensorFlow): each entry has the fields of
+`cerebras_tf.wse.placement.LayerCost`, so `LayerCost(**entry)` builds the
+placement input. Layers are in the program's order (first use, i.e. forward).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from cerebras_tf.compiler import ir
+
+_UPDATE_ROLES = ("optimizer", "state_update", "global_step_update")
+
+
+def tensor_bytes(tensor: ir.Tensor) -> int:
+    itemsize = 2 if tensor.dtype == ir.HALF else np.dtype(tensor.dtype).itemsize
+    return tensor.size * itemsize
+
+
+def layer_costs(program: ir.Program) -> list[dict[str, Any]]:
+    """name, flops_fwd/bwd/update, weight/optimizer-state bytes, activation/output bytes (per sample)."""
+    features = program.inputs.get("features")
+    shape = program.tensors[features].shape if features is not None else []
+    batch = max(int(shape[0]), 1) if shape else 1
+    variables = {v.name: v for v in program.variables}
+    layer_of = {k.id: k.layer for k in program.kernels}
+    consumers: dict[int, list[ir.Kernel]] = {}
+    for kernel in program.kernels:
+        for tid in kernel.inputs:
+            consumers.setdefault(tid, []).append(kernel)
+    costs = []
+    counted: set[str] = set()
+    for layer in program.layers:
+        kernels = [program.kernels[k] for k in layer.kernels]
+        flops = {"forward": 0, "backward": 0, "update": 0}
+        kept = sent = 0
+        for kernel in kernels:
+            bucket = "update" if kernel.role in _UPDATE_ROLES else (
+                "backward" if kernel.role in ("backward", "gradient_seed") else "forward")
+            flops[bucket] += kernel.flops
+            if kernel.role != "forward":
+                continue
+            for tid in kernel.outputs:
+                users = consumers.get(tid, [])
+                if any(user.role == "backward" for user in users):
+                    kept += tensor_bytes(program.tensors[tid])
+                if any(user.role == "forward" and layer_of[user.id] != layer.name for user in users):
+                    sent += tensor_bytes(program.tensors[tid])
+        owned = [variables[name] for name in layer.variables if name in variables and name not in counted]
+        slots = [v for v in program.variables if v.role == "optimizer_state" and v.name not in counted
+                 and (v.slot_of in layer.variables or (v.slot_of is None and v.name in layer.variables))]
+        counted.update(v.name for v in owned + slots)  # a variable several layers read is held once
+        costs.append({
+            "name": layer.name,
+            "flops_fwd": flops["forward"] / batch,
+            "flops_bwd": flops["backward"] / batch,
+            "flops_update": flops["update"] / batch,
+            "weight_bytes": float(sum(v.size * np.dtype(v.dtype).itemsize for v in owned
+                                      if v.role in ("trainable", "state"))),
+            "optimizer_state_bytes": float(sum(v.size * np.dtype(v.dtype).itemsize for v in slots)),
+            "activation_bytes": kept / batch,
+            "output_bytes": sent / batch,
+        })
+    return costs

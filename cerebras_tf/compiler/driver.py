@@ -1,0 +1,79 @@
+"""compile_model: fold, match kernels, insert casts, and write or reuse the artifact."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import os
+import pathlib
+import time
+from typing import Any
+
+import tensorflow as tf
+
+from cerebras_tf.compiler import artifact, ir, lower, report
+from estimator import CapturedModel
+
+_log = tf.compat.v1.logging
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_digest() -> str:
+    """Digest of this compiler's source: an artifact from another compiler version is rebuilt."""
+    digest = hashlib.sha256()
+    for path in sorted(pathlib.Path(__file__).parent.glob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@dataclasses.dataclass
+class CompileResult:
+    program: ir.Program
+    report: str
+    graph_hash: str
+    validate_only: bool
+    reused: bool = False
+    artifact_dir: str | None = None
+    note: str = ""  # why the artifact was (re)built, or "reused"
+    seconds: float = 0.0
+
+    @property
+    def kernel_counts(self) -> dict[str, int]:
+        return self.program.kernel_counts()
+
+
+def compile_model(model: CapturedModel, *, validate_only: bool = False, compile_dir: str | None = None,
+                  system_name: str | None = None, fabric: Any = None) -> CompileResult:
+    """Compile a captured model (already prechecked) for the CS system.
+
+    validate_only: fold and match every op to a kernel, then stop (no casts,
+      nothing written). Otherwise the full program (with precision casts) is
+      built, and with a compile_dir written there as an artifact, or reused
+      from there when the graph hash and target system match.
+    Raises CompileError subclasses (or MultipleProblemsError) naming each
+    unsupported op, its type and the user's file:line; ArtifactSystemMismatchError
+    when compile_dir holds an artifact for another system.
+    """
+    start = time.perf_counter()
+    graph_hash = lower.graph_hash(model, extra=f"casts={not validate_only}|compiler={compiler_digest()}")
+    system = artifact.system_identity(system_name, fabric)
+    directory = artifact.artifact_dir(compile_dir, model.input.mode) if compile_dir and not validate_only else None
+    note = "validate only" if validate_only else "no compile_dir"
+    if directory is not None:
+        program, note = artifact.load_artifact(directory, graph_hash, system)
+        if program is not None:
+            with open(os.path.join(directory, artifact.REPORT_FILE), encoding="utf-8") as f:
+                text = f.read()
+            _log.info("Reusing the compiled artifact in %s (graph hash %s).", directory, graph_hash[:12])
+            return CompileResult(program, text, graph_hash, False, True, directory, note,
+                                 time.perf_counter() - start)
+    program, stats = lower.lower(model, casts=not validate_only)
+    seconds = time.perf_counter() - start
+    text = report.render(program, stats, graph_hash=graph_hash, system=system, seconds=seconds)
+    if directory is not None:
+        artifact.write_artifact(directory, program, text, graph_hash, system)
+        _log.info("Compiled %d kernels to %s (%s).", len(program.kernels), directory, note)
+    return CompileResult(program, text, graph_hash, validate_only, False, directory, note,
+                         time.perf_counter() - start)
+
+

@@ -1,0 +1,195 @@
+"""The WSE program IR: plain dataclasses, saved as JSON plus an .npz of constant arrays.
+
+A `Program` is what the executor runs and the placer places; it never refers
+to TensorFlow objects. Conventions:
+
+- Tensors have ids, fully static shapes and dtypes ("float32", "int32",
+  "int64", "bool", ... and "half": the run-time half dtype, float16 by default,
+  bfloat16 or cbfloat16; an executor may hold it as float32 values rounded to
+  that format).
+- A constant tensor has `const` set: either a scalar `splat` repeated over the
+  tensor's shape (never materialised), or an array stored in the .npz under
+  `array_key(tensor id)`.
+- `kernels` are in execution order: running them one by one in list order
+  respects every data dependency and every ordering the TF graph's control
+  edges implied (e.g. batch-norm moving averages before the optimizer update).
+- A kernel reads its `inputs` (tensor ids) and the variables named in `vars`
+  (resource operands, in the TF op's operand order, e.g. apply_adam: [var, m, v]),
+  and produces `outputs`. Variable writes happen in place, in kernel order.
+- `role` is one of ROLES; the gradient seed is a kernel of its own (kind
+  "gradient_seed", a splat of ones shaped like the loss) so an executor can
+  scale it (loss scaling) and unscale the tensors in `Program.gradients`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+IR_VERSION = 1
+
+# forward: the model and anything not below; gradient_seed: d(loss)/d(loss);
+# backward: gradient computation; optimizer: everything downstream of the
+# gradients (clipping, learning-rate use, slot and weight updates);
+# state_update: variable writes independent of gradients (batch-norm moving
+# averages); global_step_update: the step counter increment.
+ROLES = ("forward", "gradient_seed", "backward", "optimizer", "state_update", "global_step_update")
+
+# Variable roles. optimizer_state: written by the optimizer (slots, Adam's beta powers,
+# Keras' iteration count); state: any other non-trainable variable (batch-norm
+# moving averages, hyperparameters held in variables).
+VARIABLE_ROLES = ("trainable", "optimizer_state", "state", "global_step")
+
+HALF = "half"
+
+
+@dataclasses.dataclass
+class Const:
+    """A constant tensor's value: a scalar splat, or an array in the .npz (splat is None)."""
+
+    splat: float | int | bool | None = None
+
+
+@dataclasses.dataclass
+class Tensor:
+    id: int
+    shape: list[int]
+    dtype: str
+    name: str  # the TF tensor it came from (or a synthesised name for inserted kernels)
+    const: Const | None = None
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+@dataclasses.dataclass
+class Kernel:
+    id: int
+    kind: str
+    inputs: list[int]
+    outputs: list[int]
+    attrs: dict[str, Any]
+    role: str = "forward"
+    layer: str = ""
+    vars: list[str] = dataclasses.field(default_factory=list)
+    tf_name: str = ""
+    tf_type: str = ""
+    location: str | None = None  # user's file:line
+    flops: int = 0  # estimated per step (whole batch)
+
+
+@dataclasses.dataclass
+class Variable:
+    name: str  # TF name, the checkpoint key
+    shape: list[int]
+    dtype: str
+    trainable: bool
+    role: str  # one of VARIABLE_ROLES
+    slot_of: str | None = None  # for optimizer slots: the trainable variable
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+@dataclasses.dataclass
+class Layer:
+    name: str
+    kernels: list[int]
+    variables: list[str]
+
+
+@dataclasses.dataclass
+class Program:
+    mode: str
+    tensors: list[Tensor]
+    kernels: list[Kernel]
+    variables: list[Variable]
+    inputs: dict[str, int]  # "features" / "labels" -> tensor id (one batch)
+    outputs: dict[str, int]  # "loss", "host_call/<i|name>", "predictions/<key>" -> tensor id
+    host_call: str | None = None  # "list" or "dict": how to rebuild host_call's tensors
+    gradient_seed: int | None = None  # kernel id
+    gradients: list[int] = dataclasses.field(default_factory=list)  # tensor ids (scale these back)
+    global_step: str | None = None  # variable name
+    layers: list[Layer] = dataclasses.field(default_factory=list)
+    precision_casts: bool = True
+    version: int = IR_VERSION
+    arrays: dict[int, np.ndarray] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    # ---- look-ups -------------------------------------------------------
+    def tensor(self, tensor_id: int) -> Tensor:
+        return self.tensors[tensor_id]
+
+    def variable(self, name: str) -> Variable:
+        return next(v for v in self.variables if v.name == name)
+
+    def constant_value(self, tensor_id: int) -> np.ndarray:
+        """The value of a constant tensor (a splat is materialised here, on request only)."""
+        tensor = self.tensors[tensor_id]
+        if tensor.const is None:
+            raise ValueError(f"tensor {tensor_id} ({tensor.name}) is not a constant")
+        if tensor.const.splat is not None:
+            return np.full(tensor.shape, tensor.const.splat, dtype=_np_dtype(tensor.dtype))
+        return self.arrays[tensor_id]
+
+    def optimizer_kernels(self) -> list[Kernel]:
+        return [k for k in self.kernels if k.role == "optimizer"]
+
+    def kernel_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for kernel in self.kernels:
+            counts[kernel.kind] = counts.get(kernel.kind, 0) + 1
+        return dict(sorted(counts.items()))
+
+    # ---- serialisation --------------------------------------------------
+    def to_json(self) -> str:
+        data = {field.name: getattr(self, field.name) for field in dataclasses.fields(self) if field.name != "arrays"}
+        data["tensors"] = [{**vars(t), "const": vars(t.const) if t.const is not None else None} for t in self.tensors]
+        for name in ("kernels", "variables", "layers"):
+            data[name] = [vars(item) for item in data[name]]
+        return json.dumps(data, indent=None, separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, arrays: dict[int, np.ndarray] | None = None) -> "Program":
+        data = json.loads(text)
+        if data.get("version") != IR_VERSION:
+            raise ValueError(f"IR version {data.get('version')} is not {IR_VERSION}")
+        tensors = [Tensor(**{**t, "const": Const(**t["const"]) if t["const"] is not None else None})
+                   for t in data.pop("tensors")]
+        kernels = [Kernel(**k) for k in data.pop("kernels")]
+        variables = [Variable(**v) for v in data.pop("variables")]
+        layers = [Layer(**layer) for layer in data.pop("layers")]
+        return cls(tensors=tensors, kernels=kernels, variables=variables, layers=layers,
+                   arrays=dict(arrays or {}), **data)
+
+    def save(self, directory: str) -> list[str]:
+        """Write program.json and constants.npz into `directory`; returns the file names."""
+        with open(os.path.join(directory, PROGRAM_FILE), "w", encoding="utf-8") as f:
+            f.write(self.to_json())
+        np.savez(os.path.join(directory, CONSTANTS_FILE),
+                 **{array_key(tid): np.asarray(a) for tid, a in self.arrays.items()})
+        return [PROGRAM_FILE, CONSTANTS_FILE]
+
+    @classmethod
+    def load(cls, directory: str) -> "Program":
+        """Read a program saved by `save` (no pickle: object arrays are refused)."""
+        with np.load(os.path.join(directory, CONSTANTS_FILE), allow_pickle=False) as npz:
+            arrays = {int(key[1:]): npz[key] for key in npz.files}
+        with open(os.path.join(directory, PROGRAM_FILE), encoding="utf-8") as f:
+            return cls.from_json(f.read(), arrays)
+
+
+PROGRAM_FILE = "program.json"
+CONSTANTS_FILE = "constants.npz"
+
+
+def array_key(tensor_id: int) -> str:
+    return f"t{tensor_id}"
+
+
+def _np_dtype(dtype: str) -> Any:
+    return np.float32 if dtype == HALF else np.dtype(dtype)

@@ -1,0 +1,633 @@
+"""Lower a captured Estimator graph to the WSE IR.
+
+Walks back from what the mode needs (TRAIN: loss + train_op, control
+dependencies included; EVAL: loss + host_call tensors; PREDICT: predictions)
+to the program inputs (features, labels) and the variables, folds what is
+static (fold.py), matches every remaining op to a kernel (kernels.py) and
+inserts the WSE precision casts. Identity/NoOp/StopGradient and control edges
+disappear; the kernel order (TF creation order, a topological order of data
+and control edges) keeps what they implied. Side-effect-free tf.cond/tf.case
+(e.g. inside piecewise_constant) is if-converted: both branches run and a
+select picks the result. Every problem is collected and raised at once, each
+naming the op, its type and the user's file:line.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from typing import Any, Sequence
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.framework import function_def_to_graph  # pylint: disable=no-name-in-module
+
+from cerebras_tf.compiler import fold, ir, kernels
+from cerebras_tf.errors import CerebrasError, DynamicShapeError, UnsupportedOpError, raise_problems
+from estimator import CapturedModel, ModeKeys
+from estimator.source import is_user_file
+
+ALIAS_OPS = frozenset({"Identity", "IdentityN", "StopGradient", "Snapshot", "PreventGradient", "EnsureShape"})
+_ASSERT_OPS = frozenset({"Assert", "PrintV2", "Print"})
+_GRADIENT_SCOPE = re.compile(r"(^|/)gradients(_\d+)?/")
+_GRADIENT_SEED = re.compile(r"(^|/)gradients(_\d+)?/grad_ys_\d+$")
+_IF_OPS = frozenset({"If", "StatelessIf"})
+
+
+class VarRef(str):
+    """A resource handle: the variable's name."""
+
+
+# ---- what the program needs ------------------------------------------------------------
+def program_outputs(model: CapturedModel) -> tuple[dict[str, tf.Tensor], str | None, list[tf.Operation]]:
+    """(outputs by IR name, host_call kind, extra root ops) for the model's mode."""
+    spec, mode = model.spec, model.input.mode
+    outputs: dict[str, tf.Tensor] = {}
+    roots: list[tf.Operation] = []
+    host_kind = None
+    if mode == ModeKeys.PREDICT:
+        predictions = spec.predictions
+        if isinstance(predictions, dict):
+            outputs.update({f"predictions/{k}": v for k, v in predictions.items()})
+        else:
+            outputs["predictions/output"] = predictions
+        return outputs, None, roots
+    outputs["loss"] = spec.loss
+    host_call = getattr(spec, "host_call", None)
+    if host_call is not None:
+        tensors = host_call[1]
+        host_kind = "dict" if isinstance(tensors, dict) else "list"
+        items = tensors.items() if isinstance(tensors, dict) else enumerate(tensors)
+        outputs.update({f"host_call/{k}": tf.convert_to_tensor(v) for k, v in items})
+    if mode == ModeKeys.TRAIN and spec.train_op is not None:
+        roots.append(spec.train_op if isinstance(spec.train_op, tf.Operation) else spec.train_op.op)
+    return outputs, host_kind, roots
+
+
+def _is_assertion(op: tf.Operation) -> bool:
+    if op.type in _ASSERT_OPS or (op.type in _IF_OPS and "AssertGuard" in op.name):
+        return True
+    return op.type in ALIAS_OPS and len(op.inputs) > 0 and _is_assertion(op.inputs[0].op)
+
+
+def needed_ops(roots: Sequence[tf.Operation], stop: set[str]) -> tuple[list[tf.Operation], int]:
+    """Ops the roots depend on (data and control), in creation order, stopping at tensors in `stop`.
+
+    Runtime assertions reached only through control edges are dropped; returns
+    (ops, number of assertions dropped).
+    """
+    seen: dict[str, tf.Operation] = {}
+    dropped: set[str] = set()
+    stack = list(roots)
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen[op.name] = op
+        stack.extend(t.op for t in op.inputs if t.name not in stop)
+        for control in op.control_inputs:
+            if _is_assertion(control):
+                dropped.add(control.name)
+            else:
+                stack.append(control)
+    return sorted(seen.values(), key=lambda op: op._id), len(dropped)  # pylint: disable=protected-access
+
+
+def graph_hash(model: CapturedModel, extra: str = "") -> str:
+    """sha256 of everything the program depends on (not the input pipeline's data)."""
+    outputs, host_kind, roots = program_outputs(model)
+    stop = _input_tensors(model)
+    ops, _ = needed_ops([t.op for t in outputs.values() if t.name not in stop] + roots, set(stop))
+    digest = hashlib.sha256(f"{ir.IR_VERSION}|{model.input.mode}|{host_kind}|{extra}".encode())
+    for name, tensor in sorted(outputs.items()):
+        digest.update(f"{name}={tensor.name};".encode())
+    for tensor, name in sorted(stop.items()):
+        digest.update(f"{tensor}={name}:{model.graph.get_tensor_by_name(tensor).shape};".encode())
+    functions: dict[str, str] = {}
+    for op in ops:
+        digest.update(_canonical_node(op.node_def, model.graph, functions))
+    return digest.hexdigest()
+
+
+def _canonical_node(node_def: Any, graph: tf.Graph, functions: dict[str, str]) -> bytes:
+    """A NodeDef's bytes with function names replaced by digests of their bodies."""
+    has_function = any(value.HasField("func") for value in node_def.attr.values())
+    if not has_function:
+        return node_def.SerializeToString(deterministic=True)
+    node = type(node_def)()
+    node.CopyFrom(node_def)
+    for value in node.attr.values():
+        if value.HasField("func"):
+            value.func.name = _function_digest(value.func.name, graph, functions)
+    return node.SerializeToString(deterministic=True)
+
+
+def _function_digest(name: str, graph: tf.Graph, functions: dict[str, str]) -> str:
+    if name not in functions:
+        fdef = type(_function_def(graph, name))()
+        fdef.CopyFrom(_function_def(graph, name))
+        fdef.signature.name = ""
+        digest = hashlib.sha256()
+        for node in fdef.node_def:
+            digest.update(_canonical_node(node, graph, functions))
+        fdef.ClearField("node_def")
+        digest.update(fdef.SerializeToString(deterministic=True))
+        functions[name] = digest.hexdigest()
+    return functions[name]
+
+
+def _function_def(graph: tf.Graph, name: str) -> Any:
+    function = graph._get_function(name)  # pylint: disable=protected-access
+    return function.cached_definition if hasattr(function, "cached_definition") else function.definition
+
+
+def _input_tensors(model: CapturedModel) -> dict[str, str]:
+    """TF tensor name -> program input name."""
+    inputs = {}
+    for name, value in (("features", model.features), ("labels", model.labels)):
+        if isinstance(value, tf.Tensor):
+            inputs[value.name] = name
+    return inputs
+
+
+# ---- lowering -----------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _is_user_file(filename: str) -> bool:
+    return is_user_file(filename)
+
+
+def op_location(op: tf.Operation) -> str | None:
+    """estimator.source.op_location, searching from the innermost frame with a per-file cache (thousands of ops)."""
+    try:
+        frames = op.traceback
+    except (AttributeError, ValueError):
+        return None
+    for frame in reversed(frames):
+        if _is_user_file(frame[0]):
+            return f"{frame[0]}:{frame[1]}"
+    return None
+
+
+class _Builder:
+    """The IR under construction, shared by the main graph and if-converted branches."""
+
+    def __init__(self, graph: tf.Graph, casts: bool) -> None:
+        self.graph = graph
+        self.casts = casts
+        self.tensors: list[ir.Tensor] = []
+        self.kernels: list[ir.Kernel] = []
+        self.arrays: dict[int, np.ndarray] = {}
+        self.variables: dict[str, tf.Operation] = {}
+        self.problems: list[CerebrasError] = []
+        self.seed_kernels: list[int] = []
+        self.folded_ops = 0
+        self.aliases_removed = 0
+        self.if_converted = 0
+        self._half: dict[int, int] = {}
+        self._branches: dict[str, tf.Graph] = {}
+
+    def tensor(self, shape: Sequence[int], dtype: str, name: str, const: ir.Const | None = None) -> int:
+        tensor = ir.Tensor(len(self.tensors), [int(d) for d in shape], dtype, name, const)
+        self.tensors.append(tensor)
+        return tensor.id
+
+    def constant(self, value: fold.Value, dtype: tf.DType, name: str) -> int:
+        if isinstance(value, np.ndarray):
+            value = fold.as_splat(value) or value
+        if isinstance(value, fold.Splat):
+            return self.tensor(value.shape, dtype.name, name, ir.Const(splat=value.value))
+        value = np.asarray(value)
+        if value.size == 1:
+            return self.tensor(value.shape, dtype.name, name, ir.Const(splat=value.reshape(()).item()))
+        tid = self.tensor(value.shape, dtype.name, name, ir.Const())
+        self.arrays[tid] = value
+        return tid
+
+    def kernel(self, kind: str, inputs: list[int], outputs: list[int], attrs: dict[str, Any], *,
+               role: str, vars_: list[str] | None = None, tf_op: tf.Operation | None = None,
+               tf_name: str = "", location: str | None = None, category: str = "elementwise") -> ir.Kernel:
+        shapes_in = [self.tensors[i].shape for i in inputs]
+        shapes_out = [self.tensors[i].shape for i in outputs]
+        kernel = ir.Kernel(
+            id=len(self.kernels), kind=kind, inputs=inputs, outputs=outputs, attrs=attrs, role=role,
+            vars=list(vars_ or []), tf_name=tf_name or (tf_op.name if tf_op is not None else ""),
+            tf_type=tf_op.type if tf_op is not None else "", location=location,
+            flops=kernels.estimate_flops(kind, category, shapes_in, shapes_out, attrs))
+        self.kernels.append(kernel)
+        return kernel
+
+    def to_half(self, source: int, role: str, tf_name: str, location: str | None) -> int:
+        """The half-precision copy of a float32 tensor (one cast per tensor)."""
+        if source not in self._half:
+            src = self.tensors[source]
+            out = self.tensor(src.shape, ir.HALF, f"{src.name}/to_half")
+            self.kernel("to_half", [source], [out], {}, role=role, tf_name=f"{tf_name}/to_half",
+                        location=location)
+            self._half[source] = out
+        return self._half[source]
+
+    def branch_graph(self, name: str) -> tf.Graph:
+        if name not in self._branches:
+            self._branches[name] = function_def_to_graph.function_def_to_graph(_function_def(self.graph, name))
+        return self._branches[name]
+
+
+class _GraphLowerer:
+    """Lowers the ops of one TF graph (the model's, or an if-converted branch) into the builder."""
+
+    def __init__(self, builder: _Builder, ops: Sequence[tf.Operation], *, env: dict[str, Any],
+                 known: dict[str, fold.Value] | None = None, prefix: str = "",
+                 location: str | None = None, role: str | None = None) -> None:
+        self.b = builder
+        self.ops = ops
+        self.env = env  # tf tensor name -> IR tensor id or VarRef
+        self.prefix = prefix  # for branch ops: the If op's name
+        self.location = location  # for branch ops: the If op's location
+        self.forced_role = role
+        self.folder = fold.Folder(ops, known)
+        self.poisoned: set[str] = set()
+        self.failed: set[str] = set()
+        self.after_gradients: set[str] = set()
+        self.consts: dict[str, int] = {}
+
+    # ---- operands ---------------------------------------------------------------
+    def operand(self, tensor: tf.Tensor) -> Any:
+        if tensor.name in self.env:
+            return self.env[tensor.name]
+        if self.folder.is_const(tensor):
+            if tensor.name not in self.consts:
+                self.consts[tensor.name] = self.b.constant(self.folder.value(tensor), tensor.dtype,
+                                                           self._name(tensor))
+            return self.consts[tensor.name]
+        raise AssertionError(f"internal: {tensor.name} has no value")  # pragma: no cover
+
+    def _where(self, op: tf.Operation) -> str | None:
+        return self.location or op_location(op)
+
+    def _name(self, op_or_tensor: tf.Operation | tf.Tensor) -> str:
+        """The name in the IR: branch ops and tensors are prefixed with their If op's name."""
+        return f"{self.prefix}/{op_or_tensor.name}" if self.prefix else op_or_tensor.name
+
+    # ---- main loop --------------------------------------------------------------
+    def run(self) -> None:
+        boundary = [t for op in self.ops if not self._folded(op) for t in op.inputs if self.folder.is_const(t)]
+        self.folder.evaluate(boundary)
+        self.b.folded_ops += self.folder.folded_ops
+        for op in self.ops:
+            if any(t.name in self.poisoned for t in op.inputs):
+                self.poisoned.update(t.name for t in op.outputs)
+                continue
+            try:
+                self._lower(op)
+            except CerebrasError as problem:
+                if not self._gradient_of_failed(op):  # report the forward op, not its gradient too
+                    self.b.problems.append(problem)
+                self.failed.add(op.name)
+                self.poisoned.update(t.name for t in op.outputs)
+
+    def _gradient_of_failed(self, op: tf.Operation) -> bool:
+        match = _GRADIENT_SCOPE.search(op.name)
+        if not match:
+            return False
+        rest = op.name[match.end():]
+        return any(rest.startswith(name + "_grad/") for name in self.failed)
+
+    def _folded(self, op: tf.Operation) -> bool:
+        return bool(op.outputs) and all(self.folder.is_const(t) for t in op.outputs)
+
+    def _role_of(self, op: tf.Operation) -> str:
+        """forward / backward / optimizer (plus seeds and variable-write roles decided by the caller)."""
+        if self.forced_role is not None:
+            return self.forced_role
+        name = op.name
+        if _GRADIENT_SCOPE.search(name):
+            self.after_gradients.add(name)
+            return "backward"
+        if any(t.op.name in self.after_gradients for t in op.inputs) or \
+                any(c.name in self.after_gradients for c in op.control_inputs):
+            self.after_gradients.add(name)
+            return "optimizer"
+        return "forward"
+
+    def _lower(self, op: tf.Operation) -> None:
+        role = self._role_of(op)
+        if op.outputs and all(t.name in self.env for t in op.outputs):
+            return  # bound by the caller (program inputs, branch arguments)
+        if op.type == "Fill" and _GRADIENT_SEED.search(op.name) and self.forced_role is None:
+            shape = fold.static_shape(op.outputs[0])
+            out = self.b.tensor(shape, op.outputs[0].dtype.name, op.outputs[0].name)
+            kernel = self.b.kernel("gradient_seed", [], [out], {"value": 1.0}, role="gradient_seed", tf_op=op,
+                                   location=self._where(op))
+            self.b.seed_kernels.append(kernel.id)
+            self.env[op.outputs[0].name] = out
+            return
+        if self._folded(op) or op.type == "NoOp":
+            return
+        if op.type in ALIAS_OPS:
+            for source, out in zip(op.inputs, op.outputs):
+                self.env[out.name] = self.operand(source)
+            self.b.aliases_removed += 1
+            return
+        if op.type == "VarHandleOp":
+            self.b.variables.setdefault(op.name, op)
+            self.env[op.outputs[0].name] = VarRef(op.name)
+            return
+        if op.type in _IF_OPS:
+            self._lower_if(op, role)
+            return
+        self._lower_kernel(op, role)
+
+    def _lower_kernel(self, op: tf.Operation, role: str) -> None:
+        definition = kernels.LIBRARY.get(op.type)
+        where = self._where(op)
+        if definition is None or any(t.dtype == tf.string for t in op.outputs):
+            raise UnsupportedOpError(
+                f"Op type {op.type!r} (op {self._name(op)!r}) has no kernel on the CS system.",
+                where=where or "unknown (created outside user code)", fix=kernels.unsupported_hint(op))
+        attrs: dict[str, Any] = {}
+        for tf_attr, ir_attr in definition.attrs.items():
+            try:
+                attrs[ir_attr] = kernels.json_attr(op.get_attr(tf_attr))
+            except ValueError:
+                pass
+        static = {(i if i >= 0 else len(op.inputs) + i): name for i, name in definition.static.items()}
+        inputs: list[int] = []
+        vars_: list[str] = []
+        for index, tensor in enumerate(op.inputs):
+            if index in static:
+                attrs[static[index]] = self._static_value(op, tensor, static[index])
+                continue
+            value = self.operand(tensor)
+            if isinstance(value, VarRef):
+                vars_.append(str(value))
+            else:
+                inputs.append(value)
+        outputs = [self._output_tensor(op, index, attrs) for index in range(len(op.outputs))]
+        if definition.kind == "select":
+            attrs["broadcast"] = "v1" if op.type == "Select" else "numpy"
+        if definition.kind == "reshape":
+            attrs["shape"] = list(self.b.tensors[outputs[0]].shape)  # -1 resolved
+        if definition.kind in kernels.WRITES:
+            role = self._write_role(vars_, role)
+        if definition.compute:
+            attrs["accumulate"] = "float32"
+            if self.b.casts:
+                inputs = [self.b.to_half(t, role, self._name(op), where) if self.b.tensors[t].dtype == "float32"
+                          else t for t in inputs]
+        self.b.kernel(definition.kind, inputs, outputs, attrs, role=role, vars_=vars_, tf_op=op,
+                      tf_name=self._name(op), location=where, category=definition.category)
+        for out, tid in zip(op.outputs, outputs):
+            self.env[out.name] = tid
+
+    def _write_role(self, vars_: list[str], role: str) -> str:
+        global_step = self.b.graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_STEP)
+        if global_step and vars_ and vars_[0] == global_step[0].op.name:
+            return "global_step_update"
+        return role if role in ("optimizer", "backward") else "state_update"
+
+    def _static_value(self, op: tf.Operation, tensor: tf.Tensor, attr: str) -> Any:
+        if not self.folder.is_const(tensor):
+            raise DynamicShapeError(
+                f"Op {self._name(op)!r} ({op.type}) needs its {attr!r} input at compile time, but it depends on "
+                "data or variables.", where=self._where(op),
+                fix="Compute it from static shapes and Python values (tensor.shape, not tf.shape), so the CS "
+                "system knows it when compiling.")
+        value = self.folder.value(tensor)
+        if isinstance(value, fold.Splat):
+            value = value.materialise()
+        return kernels.json_attr(np.asarray(value))
+
+    def _output_tensor(self, op: tf.Operation, index: int, attrs: dict[str, Any]) -> int:
+        out = op.outputs[index]
+        shape = fold.static_shape(out)
+        if shape is None:
+            shape = kernels.OUTPUT_SHAPES.get(op.type, {}).get(index) or _shape_from_attrs(op, attrs)
+        if shape is None:
+            dims = out.shape.as_list() if out.shape.rank is not None else None
+            dynamic = ("unknown rank" if dims is None else
+                       "dimension(s) " + ", ".join(str(i) for i, d in enumerate(dims) if d is None))
+            raise DynamicShapeError(
+                f"Op {self._name(op)!r} ({op.type}) produces {out.name} with shape "
+                f"{'<unknown>' if dims is None else [d if d is not None else '?' for d in dims]}: "
+                f"{dynamic} not known at compile time.", where=self._where(op),
+                fix=kernels.unsupported_hint(op) if op.type in kernels.DATA_DEPENDENT
+                else "Every tensor on the CS system needs a static shape: use a fixed batch size "
+                "(drop_remainder=True) and static shapes in model_fn.")
+        return self.b.tensor(shape, out.dtype.name, self._name(out))
+
+    # ---- if-conversion ------------------------------------------------------------
+    def _lower_if(self, op: tf.Operation, role: str) -> None:
+        pred, args = op.inputs[0], list(op.inputs[1:])
+        branches = [op.get_attr("then_branch").name, op.get_attr("else_branch").name]
+        if self.folder.is_const(pred):
+            value = self.folder.value(pred)
+            taken = value.value if isinstance(value, fold.Splat) else np.asarray(value).item()
+            chosen = branches[0] if taken else branches[1]
+            for out, value in zip(op.outputs, self._lower_branch(op, chosen, args, role)):
+                self.env[out.name] = value
+            return
+        results = [self._lower_branch(op, name, args, role) for name in branches]
+        condition = self.operand(pred)
+        for index, (then_value, else_value) in enumerate(zip(*results)):
+            out = self._output_tensor(op, index, {})
+            self.b.kernel("select", [condition, then_value, else_value], [out], {"broadcast": "numpy"},
+                          role=role, tf_op=op, tf_name=self._name(op), location=self._where(op))
+            self.env[op.outputs[index].name] = out
+        self.b.if_converted += 1
+
+    def _lower_branch(self, op: tf.Operation, function: str, args: list[tf.Tensor], role: str) -> list[int]:
+        graph = self.b.branch_graph(function)
+        impure = [inner for inner in graph.get_operations()
+                  if inner.type not in _IF_OPS and fold._is_stateful(inner)]  # pylint: disable=protected-access
+        if impure:
+            raise UnsupportedOpError(
+                f"Op type {op.type!r} (op {self._name(op)!r}): a tf.cond/tf.case branch has side effects "
+                f"({impure[0].type} {impure[0].name!r}), so it cannot be if-converted.",
+                where=self._where(op), fix=kernels.unsupported_hint(op))
+        env: dict[str, Any] = {}
+        known: dict[str, fold.Value] = {}
+        for placeholder, arg in zip(graph.inputs, args):
+            if self.folder.is_const(arg):
+                known[placeholder.name] = self.folder.value(arg)
+            else:
+                env[placeholder.name] = self.operand(arg)
+        ops, _ = needed_ops([t.op for t in graph.outputs], set())
+        inner = _GraphLowerer(self.b, ops, env=env, known=known, prefix=self._name(op),
+                              location=self._where(op), role=role)
+        inner.run()
+        return [inner.operand(t) for t in graph.outputs]
+
+
+def _shape_from_attrs(op: tf.Operation, attrs: dict[str, Any]) -> list[int] | None:
+    """Output shapes TF inference left unknown but the static attrs fix."""
+    if op.type == "Reshape" and "shape" in attrs:
+        shape = [int(d) for d in np.atleast_1d(attrs["shape"])]
+        known = fold.static_shape(op.inputs[0])
+        if -1 in shape and known is not None:
+            rest = int(np.prod([d for d in shape if d != -1], dtype=np.int64)) or 1
+            shape[shape.index(-1)] = int(np.prod(known, dtype=np.int64)) // rest
+        return shape if -1 not in shape else None
+    if op.type in ("BroadcastTo", "Fill") and "shape" in attrs:
+        return [int(d) for d in np.atleast_1d(attrs["shape"])]
+    return None
+
+
+# ---- the program ----------------------------------------------------------------------------
+def lower(model: CapturedModel, *, casts: bool = True) -> tuple[ir.Program, dict[str, int]]:
+    """The IR program for the captured model, and statistics for the report.
+
+    Raises the compile problems found (each naming op, type and user file:line).
+    """
+    graph = model.graph
+    outputs, host_kind, roots = program_outputs(model)
+    inputs = _input_tensors(model)
+    ops, assertions = needed_ops([t.op for t in outputs.values() if t.name not in inputs] + roots, set(inputs))
+    builder = _Builder(graph, casts)
+    env: dict[str, Any] = {}
+    program_inputs: dict[str, int] = {}
+    for tensor_name, input_name in inputs.items():
+        tensor = graph.get_tensor_by_name(tensor_name)
+        shape = fold.static_shape(tensor)
+        if shape is None:
+            builder.problems.append(DynamicShapeError(
+                f"The {input_name} tensor has shape {tensor.shape}, not fully static.",
+                fix="Batch with drop_remainder=True and give every feature a fixed shape."))
+            continue
+        env[tensor_name] = program_inputs[input_name] = builder.tensor(shape, tensor.dtype.name, input_name)
+    if builder.problems:
+        raise_problems(builder.problems)
+
+    lowerer = _GraphLowerer(builder, ops, env=env)
+    lowerer.run()
+    raise_problems(_dedupe(builder.problems))
+
+    program_outs = {name: lowerer.operand(tensor) for name, tensor in outputs.items()}
+    program = ir.Program(
+        mode=model.input.mode, tensors=builder.tensors, kernels=builder.kernels,
+        variables=_variables(builder, model), inputs=program_inputs, outputs=program_outs,
+        host_call=host_kind, gradient_seed=builder.seed_kernels[0] if builder.seed_kernels else None,
+        global_step=model.input.global_step.op.name if model.input.global_step is not None else None,
+        precision_casts=casts, arrays=builder.arrays)
+    program.gradients = _gradient_tensors(program)
+    program.layers = _layers(program)
+    stats = {"tf_ops": len(ops), "folded_ops": builder.folded_ops, "aliases_removed": builder.aliases_removed,
+             "assertions_dropped": assertions, "if_converted": builder.if_converted,
+             "precision_casts": sum(1 for k in builder.kernels if k.kind == "to_half")}
+    return program, stats
+
+
+def _dedupe(problems: list[CerebrasError]) -> list[CerebrasError]:
+    seen, unique = set(), []
+    for problem in problems:
+        key = (type(problem), problem.message.split("(op ")[0], problem.where)
+        if key not in seen:
+            seen.add(key)
+            unique.append(problem)
+    return unique
+
+
+def _variables(builder: _Builder, model: CapturedModel) -> list[ir.Variable]:
+    graph = model.graph
+    trainable = {v.op.name for v in graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
+    global_step = model.input.global_step.op.name if model.input.global_step is not None else None
+    writers: dict[str, set[str]] = {}
+    fused_slots: dict[str, str] = {}  # fused optimizer kernels: vars = [variable, *its slots]
+    for kernel in builder.kernels:
+        if kernel.kind in kernels.WRITES:
+            for name in kernel.vars:
+                writers.setdefault(name, set()).add(kernel.role)
+            if kernel.role == "optimizer" and kernel.kind.startswith(("apply_", "sparse_apply_")):
+                fused_slots.update({slot: kernel.vars[0] for slot in kernel.vars[1:]})
+    variables = []
+    for name, op in builder.variables.items():
+        shape = tf.TensorShape(op.get_attr("shape"))
+        if not shape.is_fully_defined():
+            builder.problems.append(DynamicShapeError(
+                f"Variable {name!r} has shape {shape}, not fully static.", where=op_location(op),
+                fix="Give variables fixed shapes."))
+            continue
+        if name == global_step:
+            role = "global_step"
+        elif name in trainable:
+            role = "trainable"
+        elif "optimizer" in writers.get(name, ()):
+            role = "optimizer_state"
+        else:
+            role = "state"
+        slot_of = None
+        if role == "optimizer_state":
+            owners = [t for t in trainable if name.startswith(t + "/") or f"/{t}/" in name]
+            slot_of = fused_slots.get(name) or (max(owners, key=len) if owners else None)
+        variables.append(ir.Variable(name, shape.as_list(), tf.as_dtype(op.get_attr("dtype")).name,
+                                     name in trainable, role, slot_of))
+    raise_problems(builder.problems)
+    return variables
+
+
+def _gradient_tensors(program: ir.Program) -> list[int]:
+    """Tensors made by backward kernels and read outside them: the gradients an executor unscales."""
+    made_by_backward = {t for k in program.kernels if k.role == "backward" for t in k.outputs}
+    used = []
+    for kernel in program.kernels:
+        if kernel.role not in ("backward", "gradient_seed"):
+            used += [t for t in kernel.inputs if t in made_by_backward and t not in used]
+    return used
+
+
+def _layers(program: ir.Program) -> list[ir.Layer]:
+    """Group kernels by user layer: the variable scope of the trainable variables they use or are named in.
+
+    Kernels outside every such scope (activations, pooling, losses, schedules,
+    optimizer bookkeeping) join the layer of their biggest input, else of their
+    first consumer, else of the kernel before them; so every layer owns
+    trainable variables (unless the model has none: then one layer, "program").
+    Layers are ordered by their first forward kernel.
+    """
+    scopes = sorted({v.name.rsplit("/", 1)[0] if "/" in v.name else v.name
+                     for v in program.variables if v.role == "trainable"}, key=len, reverse=True)
+    slot_owner = {v.name: v.slot_of for v in program.variables if v.slot_of}
+    kernels = program.kernels
+    layer_of: list[str | None] = [_scope_layer(k, scopes, slot_owner) for k in kernels]
+    producer = {t: k.id for k in kernels for t in k.outputs}
+    for kernel in kernels:  # forward: the layer of the biggest input
+        if layer_of[kernel.id] is None:
+            known = [t for t in kernel.inputs if t in producer and layer_of[producer[t]] is not None]
+            if known:
+                layer_of[kernel.id] = layer_of[producer[max(known, key=lambda t: program.tensors[t].size)]]
+    consumer_layer: dict[int, str] = {}
+    for kernel in reversed(kernels):  # backward: the layer of the first consumer
+        if layer_of[kernel.id] is None:
+            layer_of[kernel.id] = next((consumer_layer[t] for t in kernel.outputs if t in consumer_layer), None)
+        if layer_of[kernel.id] is not None:
+            consumer_layer.update({t: layer_of[kernel.id] for t in kernel.inputs})
+    previous = next((name for name in layer_of if name is not None), "program")
+    for kernel in kernels:  # neighbours in execution order, for what is still unplaced
+        previous = layer_of[kernel.id] = layer_of[kernel.id] or previous
+
+    groups: dict[str, ir.Layer] = {}
+    first_forward: dict[str, int] = {}
+    for kernel in kernels:
+        kernel.layer = layer_of[kernel.id]
+        group = groups.setdefault(kernel.layer, ir.Layer(kernel.layer, [], []))
+        group.kernels.append(kernel.id)
+        if kernel.role == "forward":
+            first_forward.setdefault(kernel.layer, kernel.id)
+        for name in kernel.vars:  # a layer lists the variables it owns (slots are found via slot_of)
+            owner = slot_owner.get(name, name)
+            if owner not in group.variables:
+                group.variables.append(owner)
+    return sorted(groups.values(), key=lambda g: (first_forward.get(g.name, len(kernels)), g.kernels[0]))
+
+
+def _scope_layer(kernel: ir.Kernel, scopes: list[str], slot_owner: dict[str, str]) -> str | None:
+    for name in kernel.vars:
+        owner = slot_owner.get(name, name)
+        for scope in scopes:
+            if owner == scope or owner.startswith(scope + "/"):
+                return scope
+    name = _GRADIENT_SCOPE.sub(r"\1", kernel.tf_name)
+    name = re.sub(r"(^|/)update_", r"\1", name)
+    for scope in scopes:
+        if name.startswith(scope + "/"):
+            return scope
+    return None

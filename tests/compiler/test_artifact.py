@@ -1,0 +1,102 @@
+"""The compiled artifact: reused when unchanged, refused for another system, rebuilt when corrupt."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+
+from cerebras_tf.compiler import artifact, ir
+from cerebras_tf.errors import ArtifactSystemMismatchError
+from examples.zoo import mlp
+
+
+def _snapshot(directory) -> dict[str, tuple[int, int]]:
+    return {name: (os.stat(directory / name).st_mtime_ns, os.stat(directory / name).st_size)
+            for name in sorted(os.listdir(directory))}
+
+
+def test_second_compile_reuses_the_artifact_without_rewriting(zoo_estimator, tmp_path):
+    compile_dir = tmp_path / "compile"
+    first = zoo_estimator("mlp", compile_dir=str(compile_dir)).compile(mlp.input_fn)
+    directory = compile_dir / "train"
+    before = _snapshot(directory)
+
+    second = zoo_estimator("mlp", compile_dir=str(compile_dir)).compile(mlp.input_fn)
+    assert not first.reused and second.reused and second.note == "reused"
+    assert second.program == first.program and second.graph_hash == first.graph_hash
+    assert second.report == first.report
+    assert _snapshot(directory) == before  # nothing rewritten
+    assert sorted(os.listdir(compile_dir)) == ["train"]  # no temp dirs left behind
+
+    manifest = json.loads((directory / artifact.MANIFEST_FILE).read_text())
+    assert manifest["graph_hash"] == first.graph_hash
+    assert manifest["system"] == {"system_name": "localhost:9000", "fabric": None}
+    assert set(manifest["files"]) == {"program.json", "constants.npz", "report.txt"}
+
+
+def test_changed_graph_is_recompiled(zoo_estimator, tmp_path):
+    compile_dir = str(tmp_path / "compile")
+    first = zoo_estimator("mlp", compile_dir=compile_dir).compile(mlp.input_fn)
+    changed = zoo_estimator("mlp", compile_dir=compile_dir, params={"hidden_sizes": [16, 24, 16]})
+    second = changed.compile(mlp.input_fn)
+    assert not second.reused and second.graph_hash != first.graph_hash
+    assert "changed since the artifact was compiled" in second.note
+    assert ir.Program.load(os.path.join(compile_dir, "train")) == second.program
+
+
+def test_artifact_for_another_system_is_refused(zoo_estimator, tmp_path):
+    compile_dir = str(tmp_path / "compile")
+    zoo_estimator("mlp", compile_dir=compile_dir, system_name="cs-system-a").compile(mlp.input_fn)
+    other = zoo_estimator("mlp", compile_dir=compile_dir, system_name="cs-system-b")
+    with pytest.raises(ArtifactSystemMismatchError) as info:
+        other.compile(mlp.input_fn)
+    message = str(info.value)
+    assert "'cs-system-a'" in message and "'cs-system-b'" in message
+    assert "cannot run on another" in message and "compile_dir" in message
+    # validate_only needs no artifact, so it still works
+    assert other.compile(mlp.input_fn, validate_only=True).validate_only
+
+
+@pytest.mark.parametrize("damage", ["truncate_program", "flip_constants", "delete_report", "garble_manifest"])
+def test_corrupt_artifact_is_detected_logged_and_rebuilt(zoo_estimator, tmp_path, caplog, damage):
+    compile_dir = tmp_path / "compile"
+    first = zoo_estimator("mlp", compile_dir=str(compile_dir)).compile(mlp.input_fn)
+    directory = compile_dir / "train"
+    if damage == "truncate_program":
+        text = (directory / "program.json").read_text()
+        (directory / "program.json").write_text(text[: len(text) // 2])
+    elif damage == "flip_constants":
+        data = bytearray((directory / "constants.npz").read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (directory / "constants.npz").write_bytes(bytes(data))
+    elif damage == "delete_report":
+        os.remove(directory / "report.txt")
+    else:
+        (directory / artifact.MANIFEST_FILE).write_text("{not json")
+
+    with caplog.at_level(logging.WARNING):
+        rebuilt = zoo_estimator("mlp", compile_dir=str(compile_dir)).compile(mlp.input_fn)
+    assert not rebuilt.reused and "corrupt" in rebuilt.note
+    assert any("corrupt" in record.getMessage() for record in caplog.records)
+    assert rebuilt.program == first.program
+    again = zoo_estimator("mlp", compile_dir=str(compile_dir)).compile(mlp.input_fn)
+    assert again.reused  # the rebuilt artifact is intact
+
+
+def test_loading_never_unpickles(tmp_path):
+    program = ir.Program(mode="train", tensors=[], kernels=[], variables=[], inputs={}, outputs={})
+    program.save(str(tmp_path))
+    np.savez(tmp_path / ir.CONSTANTS_FILE, t0=np.array([object()], dtype=object))
+    with pytest.raises(ValueError):
+        ir.Program.load(str(tmp_path))
+
+
+def test_another_fabric_on_the_same_system_name_is_refused(zoo_estimator, tmp_path):
+    compile_dir = str(tmp_path / "compile")
+    zoo_estimator("mlp", compile_dir=compile_dir, cs_config={"fabric": "WSE-2"}).compile(mlp.input_fn)
+    with pytest.raises(ArtifactSystemMismatchError) as info:
+        zoo_estimator("mlp", compile_dir=compile_dir, cs_config={"fabric": "WSE-1"}).compile(mlp.input_fn)
+    assert "fabric 'WSE-2'" in str(info.value) and "fabric 'WSE-1'" in str(info.value)

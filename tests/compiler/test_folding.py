@@ -1,0 +1,80 @@
+"""Folding: shape math, splats and tf.cond on static predicates leave only static, lean kernels."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig
+from cerebras_tf.compiler import compile_model, fold
+from cerebras_tf.errors import DynamicShapeError
+from cerebras_tf.precheck import precheck
+from estimator import CapturedInput, CapturedModel
+
+
+def _input_fn(params):
+    x = np.linspace(-1.0, 1.0, 16 * 6, dtype=np.float32).reshape(16, 6)
+    y = (np.arange(16) % 3).astype(np.int32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(4, drop_remainder=True)
+
+
+def _model_fn(features, labels, mode, params):
+    x = tf.compat.v1.layers.dense(features, 6, name="hidden")
+    batch = tf.shape(x)[0]
+    x = tf.reshape(x, tf.stack([batch, 2, -1]))  # a Reshape of computed shape math
+    x = x + tf.zeros_like(x) + tf.fill(tf.shape(x), 0.5)  # splats
+    x = tf.reshape(x, [batch, -1])
+    x = tf.cond(tf.reduce_sum(x) > 0.0, lambda: x * 2.0, lambda: x - 1.0)  # data-dependent: if-converted
+    x = tf.cond(tf.constant(True), lambda: x, lambda: x * 0.0)  # static predicate: folded away
+    logits = tf.compat.v1.layers.dense(x, 3, name="logits")
+    predictions = {"classes": tf.argmax(logits, axis=-1)}
+    if mode == tf.estimator.ModeKeys.PREDICT:
+        return CSEstimatorSpec(mode, predictions=predictions)
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    step = tf.compat.v1.train.get_global_step()
+    train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=step)
+    return CSEstimatorSpec(mode, loss=loss, train_op=train_op, predictions=predictions)
+
+
+def _estimator(tmp_path):
+    return CerebrasEstimator(_model_fn, model_dir=str(tmp_path), config=CSRunConfig(cs_ip="localhost:9000"))
+
+
+def test_shape_math_folds_to_static_attrs_and_splats(tmp_path):
+    program = _estimator(tmp_path).compile(_input_fn).program
+    tf_types = {k.tf_type for k in program.kernels if k.kind != "gradient_seed"}  # the seed is a Fill
+    assert not tf_types & {"Shape", "StridedSlice", "Pack", "ZerosLike", "Fill", "BroadcastGradientArgs"}
+    reshapes = [k.attrs["shape"] for k in program.kernels if k.kind == "reshape" and k.role == "forward"]
+    assert [4, 2, 3] in reshapes and [4, 6] in reshapes
+    splats = {(t.const.splat, tuple(t.shape)) for t in program.tensors if t.const and t.const.splat is not None}
+    assert (0.5, (4, 2, 3)) in splats and (0.0, (4, 2, 3)) in splats  # never materialised arrays
+    assert not program.arrays
+    selects = [k for k in program.kernels if k.kind == "select"]
+    assert len([k for k in selects if k.role == "forward"]) == 1  # one if-converted cond, one folded away
+    assert program.kernel_counts()["apply_gradient_descent"] == 4
+
+
+def test_predict_program_outputs_predictions(tmp_path):
+    model = precheck(_estimator(tmp_path), _input_fn, tf.estimator.ModeKeys.PREDICT)
+    program = compile_model(model).program
+    assert set(program.outputs) == {"predictions/classes"}
+    assert set(program.inputs) == {"features"}
+    assert program.tensors[program.outputs["predictions/classes"]].dtype == "int64"
+    assert not any(k.kind.startswith("apply_") for k in program.kernels)
+
+
+def test_splat_detection():
+    assert fold.as_splat(np.full((3, 2), 7, np.int32)) == fold.Splat(7, (3, 2), np.dtype(np.int32))
+    assert fold.as_splat(np.arange(4)) is None and fold.as_splat(np.ones(1)) is None
+
+
+def test_a_dimension_still_dynamic_after_folding_fails_naming_it():
+    graph = tf.Graph()
+    with graph.as_default():
+        features = tf.compat.v1.placeholder(tf.float32, [4, None], name="features")
+        spec = tf.estimator.EstimatorSpec("infer", predictions={"y": tf.nn.relu(features)})
+    model = CapturedModel(CapturedInput(graph, "infer", None, None), features, None, spec)
+    with pytest.raises(DynamicShapeError) as info:
+        compile_model(model, validate_only=True)
+    assert "features" in str(info.value) and "(4, None)" in str(info.value)
+    assert "drop_remainder=True" in str(info.value)
