@@ -6,7 +6,7 @@ from typing import Any, Callable, Sequence
 
 from cerebras_tf import rules
 from cerebras_tf.errors import CerebrasError, raise_problems
-from estimator import CapturedModel, EstimatorBase, capture_input, capture_model, inspect_dataset
+from estimator import CapturedInput, CapturedModel, EstimatorBase, capture_input, capture_model, inspect_dataset
 
 # Arguments the Estimator knows how to pass to an input_fn.
 _ESTIMATOR_INPUT_FN_ARGS = {"params", "mode", "config"}
@@ -48,16 +48,25 @@ def precheck(
     try:
         model = capture_model(estimator, captured_input, estimator.call_user_model_fn)
     except Exception:
-        raise_problems(problems)  # the model_fn failure may follow from them; report those first
+        # The failure may follow from a rule broken by the input (e.g. a dict of features, or an element
+        # that is not (features, labels)): report those problems first.
+        raise_problems(problems + _dataset_problems(captured_input, config))
         raise
     problems += rules.spec.check_spec(model.spec, mode, estimator.user_model_fn)
-
-    if captured_input.is_dataset:
-        with model.graph.as_default():  # introspect after model_fn so op ids match plain TF
-            info = inspect_dataset(captured_input.result, config.session_config)
-        problems += rules.input.check_element_structure(info)
-        problems += rules.input.check_fixed_batch(info)
-        problems += rules.input.check_repeats_forever(info, mode)
-        problems += rules.input.check_shuffle_seeds(info, getattr(config, "num_input_workers", 1))
+    problems += _dataset_problems(captured_input, config)  # after model_fn, so op ids match plain TF
     raise_problems(problems)
     return model
+
+
+def _dataset_problems(captured_input: CapturedInput, config: Any) -> list[CerebrasError]:
+    """The rules on the returned dataset (none if input_fn did not return one)."""
+    if not captured_input.is_dataset:
+        return []
+    with captured_input.graph.as_default():
+        info = inspect_dataset(captured_input.result, config.session_config)
+    return (
+        rules.input.check_element_structure(info)
+        + rules.input.check_fixed_batch(info)
+        + rules.input.check_repeats_forever(info, captured_input.mode)
+        + rules.input.check_shuffle_seeds(info, getattr(config, "num_input_workers", 1))
+    )
