@@ -113,3 +113,13 @@ class ArtifactSystemMismatchError(CerebrasError):
     """A compiled artifact was built for another CS system."""
 
     tag = "[CS System]"
+
+
+class InputWorkerError(CerebrasError):
+    """The input workers cannot stream data: registration timeout, all workers lost, a worker's pipeline failed."""
+
+    tag = "[Input Workers]"
+
+
+class InputWorkerWarning(UserWarning):
+    """An input worker was lost; training continues on the others."""

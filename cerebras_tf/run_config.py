@@ -19,7 +19,9 @@ DEFAULT_TF_CONFIG: dict[str, Any] = {
     "task": {"type": "chief", "index": 0},
 }
 
-_CS_ARGS = ("cs_ip", "system_name", "cs_config", "stack_params", "num_input_workers")
+
+# How long the chief waits for the TF_CONFIG input workers to register.
+DEFAULT_INPUT_WORKER_TIMEOUT_SECS = 120.0
 
 
 def set_default_tf_config() -> None:
@@ -39,7 +41,10 @@ class CSRunConfig(RunConfig):
       cs_config: dict of system settings (reserved for the fabric choice).
       stack_params: dict of compiler settings.
       num_input_workers: input workers streaming data to the system; defaults
-        to the number of `worker` tasks in TF_CONFIG, or 1.
+        to the number of `worker` tasks in TF_CONFIG, or 1. Without TF_CONFIG
+        workers, N > 1 starts N in-process tf.data service workers.
+      input_worker_timeout_secs: how long the chief waits for the TF_CONFIG
+        workers (`python -m cerebras_tf.input_worker`) to register.
       **kwargs: any tf.estimator.RunConfig argument. Arguments the CS system
         does not support are accepted here and refused only when a run
         targets the CS system, so the same config works on CPU/GPU.
@@ -52,6 +57,7 @@ class CSRunConfig(RunConfig):
         cs_config: Mapping[str, Any] | None = None,
         stack_params: Mapping[str, Any] | None = None,
         num_input_workers: int | None = None,
+        input_worker_timeout_secs: float = DEFAULT_INPUT_WORKER_TIMEOUT_SECS,
         **kwargs: Any,
     ) -> None:
         if cs_ip is not None and (not isinstance(cs_ip, str) or not cs_ip.strip()):
@@ -61,6 +67,11 @@ class CSRunConfig(RunConfig):
                 raise TypeError(f"CSRunConfig({name}=...) must be a dict or None, got {type(value).__name__}.")
         if num_input_workers is not None and (not isinstance(num_input_workers, int) or num_input_workers < 1):
             raise ValueError(f"CSRunConfig(num_input_workers={num_input_workers!r}) must be a positive integer.")
+        if isinstance(input_worker_timeout_secs, bool) or not isinstance(input_worker_timeout_secs, (int, float)) \
+                or input_worker_timeout_secs <= 0:
+            raise ValueError(
+                f"CSRunConfig(input_worker_timeout_secs={input_worker_timeout_secs!r}) must be a positive number."
+            )
         if "save_checkpoints_steps" not in kwargs and "save_checkpoints_secs" not in kwargs:
             kwargs["save_checkpoints_steps"] = DEFAULT_SAVE_CHECKPOINTS_STEPS
         super().__init__(**kwargs)
@@ -69,6 +80,7 @@ class CSRunConfig(RunConfig):
         self._cs_config = dict(cs_config or {})
         self._stack_params = dict(stack_params or {})
         self._num_input_workers = num_input_workers
+        self._input_worker_timeout_secs = float(input_worker_timeout_secs)
         self._created_at = user_frame(traceback.extract_stack())
 
     @property
@@ -91,6 +103,10 @@ class CSRunConfig(RunConfig):
     def created_at(self) -> str | None:
         """'file:line' of the user code that built this config."""
         return self._created_at
+
+    @property
+    def input_worker_timeout_secs(self) -> float:
+        return self._input_worker_timeout_secs
 
     @property
     def num_input_workers(self) -> int:

@@ -1,0 +1,38 @@
+"""Host-side input streaming for the simulated CS system: input workers on tf.data service.
+
+- cluster: TF_CONFIG -> Cluster (chief + input workers) and where input runs (no TensorFlow import).
+- service: the chief's tf.data service dispatcher, embedded workers, registration wait, shutdown.
+- stream: InputStream, numpy (features, labels) batches with per-worker counts and fault handling.
+
+Worker machines run `python -m cerebras_tf.input_worker` (see cerebras_tf/input_worker.py).
+`stream` and `service` are imported on first use so that parsing TF_CONFIG needs no TensorFlow.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from cerebras_tf.input_workers.cluster import (
+    Cluster,
+    InputPlan,
+    cluster_from_environ,
+    parse_tf_config,
+    plan_input_workers,
+)
+
+_LAZY = {
+    "InputStream": "cerebras_tf.input_workers.stream",
+    "InputStats": "cerebras_tf.input_workers.stream",
+    "InputServers": "cerebras_tf.input_workers.service",
+}
+
+__all__ = ["Cluster", "InputPlan", "InputServers", "InputStats", "InputStream", "cluster_from_environ",
+           "parse_tf_config", "plan_input_workers"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'cerebras_tf.input_workers' has no attribute {name!r}")

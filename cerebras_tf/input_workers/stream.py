@@ -1,0 +1,507 @@
+"""InputStream: numpy (features, labels) batches for the simulated WSE, streamed
+from several input workers over tf.data service, or from the chief's own process.
+
+How it works:
+- input_fn(params) runs once, on the chief, in eager mode; tf.data service ships
+  the dataset graph to every worker, and each worker runs the whole pipeline
+  (parallel epochs). An unseeded shuffle draws fresh random seeds on every
+  worker, so each worker sends its own order; a fixed seed with more than one
+  worker is refused before any server starts (rules.input.check_shuffle_seeds).
+- Worker attribution: tf.data service does not say which worker produced an
+  element, so each worker tags its elements with its own index. The dataset is
+  zipped with `range(N).shard(SHARD_HINT, SHARD_HINT).repeat()`, and the
+  dispatcher's static-sharding HINT policy rewrites the placeholders to
+  (number of workers, this worker's index); the index is the worker's position
+  in TF_CONFIG 'cluster.worker'. Nothing else is sharded: the user's data is not
+  touched, so every worker still runs the whole dataset. The tag is stripped
+  before a batch is yielded.
+- A background thread reads the tf.data service iterator into a small buffer;
+  the consumer's wait on that buffer is the input-wait time. Elements travel
+  uncompressed (numeric batches compress poorly; compressing costs worker and
+  chief CPU). The client is tf.data service's private `_distribute`, for its
+  task_refresh_interval_hint_ms (how fast a new or lost worker is noticed).
+- Faults: a monitor probes each worker address (TCP connect) every
+  `probe_interval_secs`; two failed probes in a row mark a worker lost
+  (warning naming it; tf.data service keeps reading from the others). When all
+  are lost the stream raises InputWorkerError once the buffer is drained
+  (tf.data service itself would wait forever). An error raised by the pipeline
+  on a worker arrives as "Failed to get element from worker <address>: ...";
+  the stream raises InputWorkerError naming the worker, the TF error, and
+  the line of the user's input_fn that created the failing op.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import os
+import queue
+import re
+import threading
+import time
+import warnings
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.data.experimental.ops import data_service_ops
+from tensorflow.python.eager import context
+
+from cerebras_tf.errors import InputFunctionError, InputWorkerError, InputWorkerWarning, raise_problems
+from cerebras_tf.input_workers.cluster import Cluster, InputPlan, cluster_from_environ, plan_input_workers
+from cerebras_tf.input_workers.service import InputServers, is_listening
+from cerebras_tf.rules.input import check_shuffle_seeds
+from estimator import inspect_dataset
+from estimator.source import function_location, op_location
+
+log = logging.getLogger("cerebras_tf.input_workers")
+
+Batch = tuple[Any, Any]  # (features, labels or None) as numpy arrays
+
+_PYTHON_OPS = {"PyFunc", "PyFuncStateless", "EagerPyFunc"}
+_WORKER_ERROR = re.compile(r"Failed to get element from worker (\S+?):\s")
+_NODE = re.compile(r"\{\{node ([^}]+)\}\}")
+_LOST_AFTER_FAILED_PROBES = 2
+
+
+@dataclasses.dataclass
+class InputStats:
+    """Counters of one stream; `samples` counts batches' leading dimension."""
+
+    workers: tuple[str, ...]
+    samples_per_worker: dict[str, int]
+    batches: int = 0
+    input_wait_secs: float = 0.0
+    elapsed_secs: float = 0.0
+    lost_workers: tuple[str, ...] = ()
+
+    @property
+    def samples(self) -> int:
+        return sum(self.samples_per_worker.values())
+
+    @property
+    def samples_per_sec(self) -> float:
+        return self.samples / self.elapsed_secs if self.elapsed_secs > 0 else 0.0
+
+    def share(self, worker: str) -> float:
+        """Fraction of all samples that `worker` produced."""
+        return self.samples_per_worker.get(worker, 0) / self.samples if self.samples else 0.0
+
+    def summary_values(self) -> dict[str, float]:
+        """Scalars for TensorBoard: throughput, input wait, per-worker share."""
+        values = {
+            "input/samples_per_sec": self.samples_per_sec,
+            "input/wait_secs": self.input_wait_secs,
+            "input/wait_fraction": self.input_wait_secs / self.elapsed_secs if self.elapsed_secs > 0 else 0.0,
+            "input/workers_lost": float(len(self.lost_workers)),
+        }
+        for index, worker in enumerate(self.workers):
+            values[f"input/worker_{index}_share"] = self.share(worker)
+        return values
+
+
+class _End:
+    pass
+
+
+class _Failure:
+    """A reader error, kept as text: the exception object's frames would keep the
+    iterator (and its tf.data service client) alive after the dispatcher stops."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.kind = type(error).__name__
+        self.text = getattr(error, "message", None) or str(error)
+
+
+class InputStream:
+    """Iterate numpy (features, labels) batches of `input_fn(params)`.
+
+    Args:
+      input_fn: the user's input function, called with `params` only.
+      params: the params dict passed to input_fn.
+      cluster: the TF_CONFIG cluster; default: parsed from the environment.
+      num_input_workers: >1 without TF_CONFIG workers starts that many embedded
+        in-process workers; 1/None with no TF_CONFIG workers reads locally.
+      timeout_secs: how long to wait for TF_CONFIG workers to register.
+      tf_random_seed: the graph-level seed the run uses (RunConfig.tf_random_seed),
+        for the deterministic-shuffle rule.
+      probe_interval_secs: how often the worker addresses are probed.
+      buffer_size: batches read ahead from tf.data service.
+      force_service: use tf.data service even with one embedded worker
+        (benchmarks; the default reads a lone worker's data locally).
+      servers: already running InputServers to stream through (e.g. kept for
+        several train() calls, so TF_CONFIG workers do not see the chief go
+        away in between); the stream leaves them running on close().
+
+    Use as a context manager, or call close(): it stops every server it started.
+    """
+
+    def __init__(
+        self,
+        input_fn: Callable[[Mapping[str, Any]], tf.data.Dataset],
+        params: Mapping[str, Any] | None = None,
+        *,
+        cluster: Cluster | None = None,
+        num_input_workers: int | None = None,
+        timeout_secs: float = 120.0,
+        tf_random_seed: int | None = None,
+        probe_interval_secs: float = 0.5,
+        buffer_size: int = 8,
+        force_service: bool = False,
+        servers: InputServers | None = None,
+    ) -> None:
+        self._params = dict(params or {})
+        self._cluster = cluster if cluster is not None else cluster_from_environ()
+        self.plan: InputPlan = plan_input_workers(self._cluster, num_input_workers)
+        if servers is not None:
+            self.plan = InputPlan(self.plan.mode if self.plan.mode != "local" else "embedded",
+                                  len(servers.cluster.workers))
+        elif force_service and self.plan.mode == "local":
+            self.plan = InputPlan("embedded", self.plan.num_workers)
+        self._input_fn = input_fn
+        self._probe_interval = probe_interval_secs
+        self._servers: InputServers | None = servers
+        self._owns_servers = servers is None
+        self._closed = False
+        self._stop = threading.Event()
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, buffer_size))
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._lost: set[int] = set()
+        self._failed_probes: dict[int, int] = {}
+        self._started_at: float | None = None
+        self._local_iterator: Iterator[Any] | None = None
+
+        if self.plan.num_workers > 1:
+            _check_shuffle_seeds(input_fn, self._params, self.plan.num_workers, tf_random_seed)
+        dataset = _call_input_fn(input_fn, self._params)
+        self._dataset = dataset
+
+        if self.plan.mode == "local":
+            self._worker_names: tuple[str, ...] = ("chief",)
+            self._local_iterator = iter(dataset)
+        else:
+            if self.plan.mode == "cluster":
+                _refuse_python_ops(dataset, input_fn)
+            if self._servers is None:
+                self._servers = (
+                    InputServers.for_cluster(self._cluster, timeout_secs)
+                    if self.plan.mode == "cluster"
+                    else InputServers.embedded(self.plan.num_workers, timeout_secs)
+                )
+            try:
+                self._worker_names = tuple(
+                    self._servers.cluster.worker_name(i) for i in range(len(self._servers.cluster.workers))
+                )
+                self._start_threads(_tag_by_worker(dataset, len(self._worker_names)), self._servers.target)
+            except BaseException:
+                self.close()
+                raise
+        self._stats = InputStats(self._worker_names, {name: 0 for name in self._worker_names})
+
+    @classmethod
+    def from_config(cls, input_fn: Callable[[Mapping[str, Any]], tf.data.Dataset], params: Mapping[str, Any] | None,
+                    config: Any, environ: Mapping[str, str] = os.environ, **kwargs: Any) -> "InputStream":
+        """The stream a CS run with this CSRunConfig uses (TF_CONFIG from `environ`)."""
+        cluster = cluster_from_environ(environ)
+        explicit = getattr(config, "_num_input_workers", None)
+        kwargs.setdefault("timeout_secs", getattr(config, "input_worker_timeout_secs", 120.0))
+        kwargs.setdefault("tf_random_seed", getattr(config, "tf_random_seed", None))
+        return cls(input_fn, params, cluster=cluster, num_input_workers=explicit, **kwargs)
+
+    # -- public API --------------------------------------------------------
+
+    @property
+    def servers(self) -> InputServers | None:
+        """The tf.data service servers this stream started (None when reading locally)."""
+        return self._servers
+
+    @property
+    def workers(self) -> tuple[str, ...]:
+        return self._worker_names
+
+    def stats(self) -> InputStats:
+        """A snapshot of the counters."""
+        with self._lock:
+            elapsed = time.monotonic() - self._started_at if self._started_at is not None else 0.0
+            return dataclasses.replace(
+                self._stats,
+                samples_per_worker=dict(self._stats.samples_per_worker),
+                elapsed_secs=elapsed,
+                lost_workers=tuple(self._worker_names[i] for i in sorted(self._lost)),
+            )
+
+    def __iter__(self) -> "InputStream":
+        return self
+
+    def __next__(self) -> Batch:
+        if self._closed:
+            raise InputWorkerError("The input stream is closed.", fix="Create a new InputStream.")
+        if self._started_at is None:
+            self._started_at = time.monotonic()
+        waited_from = time.monotonic()
+        if self._local_iterator is not None:
+            element = next(self._local_iterator)  # StopIteration ends a finite local dataset
+            worker, batch = 0, _to_numpy(element)
+        else:
+            worker, batch = self._next_from_service()
+        with self._lock:
+            self._stats.input_wait_secs += time.monotonic() - waited_from
+            self._stats.batches += 1
+            self._stats.samples_per_worker[self._worker_names[worker]] += _batch_size(batch)
+        return batch
+
+    def close(self) -> None:
+        """Stop the reader threads and every server this stream started."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=5.0)
+            if thread.is_alive():  # blocked inside tf.data service with no worker left
+                log.warning("Input reader thread %s did not stop; abandoning it.", thread.name)
+        self._local_iterator = None
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        # Destroy the tf.data service iterator (it sits in reference cycles) while
+        # the dispatcher can still release its job.
+        gc.collect()
+        if self._servers is not None and self._owns_servers:
+            self._servers.stop()
+
+    def __enter__(self) -> "InputStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # -- service mode ------------------------------------------------------
+
+    def _start_threads(self, dataset: tf.data.Dataset, target: str) -> None:
+        distributed = dataset.apply(
+            data_service_ops._distribute(  # pylint: disable=protected-access
+                processing_mode=tf.data.experimental.service.ShardingPolicy.HINT,
+                service=target,
+                task_refresh_interval_hint_ms=200,
+                compression=None,
+            )
+        )
+        iterator = iter(distributed)
+        self._threads = [
+            threading.Thread(target=self._read, args=(iterator,), name="cerebras-input-reader", daemon=True),
+            threading.Thread(target=self._monitor, name="cerebras-input-monitor", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _read(self, iterator: Iterator[Any]) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    element, tag = next(iterator)
+                except StopIteration:
+                    self._put(_End())
+                    return
+                if not self._put((int(tag), _to_numpy(element))):
+                    return
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer
+            self._put(_Failure(exc))
+        finally:
+            del iterator
+
+    def _monitor(self) -> None:
+        addresses = self._servers.cluster.workers if self._servers else ()
+        while not self._stop.wait(self._probe_interval):
+            for index, address in enumerate(addresses):
+                up = is_listening(address, timeout=min(0.5, self._probe_interval))
+                with self._lock:
+                    failures = 0 if up else self._failed_probes.get(index, 0) + 1
+                    self._failed_probes[index] = failures
+                    lost_now = failures == _LOST_AFTER_FAILED_PROBES and index not in self._lost
+                    back_now = up and index in self._lost
+                    if lost_now:
+                        self._lost.add(index)
+                    if back_now:
+                        self._lost.discard(index)
+                    remaining = len(addresses) - len(self._lost)
+                if lost_now:
+                    message = (
+                        f"Lost input worker {self._worker_names[index]}: nothing answers at its address. "
+                        f"Training continues on the remaining {remaining} worker(s)."
+                    )
+                    log.warning(message)
+                    warnings.warn(message, InputWorkerWarning, stacklevel=1)
+                if back_now:
+                    log.warning("Input worker %s is reachable again.", self._worker_names[index])
+
+    def _all_lost(self) -> bool:
+        with self._lock:
+            return bool(self._worker_names) and len(self._lost) == len(self._worker_names)
+
+    def _next_from_service(self) -> tuple[int, Batch]:
+        while True:
+            try:
+                item = self._queue.get(timeout=0.1)
+                break
+            except queue.Empty:
+                if self._all_lost():
+                    raise InputWorkerError(
+                        f"All {len(self._worker_names)} input workers are lost ({', '.join(self._worker_names)}); "
+                        "no input can reach the CS system.",
+                        fix="Check the worker machines' logs, restart `python -m cerebras_tf.input_worker` on "
+                        "them with the same TF_CONFIG, and resume training from the last checkpoint.",
+                    ) from None
+        if isinstance(item, _End):
+            self._put(item)  # keep reporting the end
+            raise StopIteration
+        if isinstance(item, _Failure):
+            self._put(item)
+            raise self._worker_failure(item) from None
+        return item
+
+    def _worker_failure(self, failure: _Failure) -> InputWorkerError:
+        text = failure.text
+        match = _WORKER_ERROR.search(text)
+        worker = "an input worker"
+        if match and self._servers is not None:
+            address = match.group(1)
+            cluster = self._servers.cluster
+            if address in cluster.workers:
+                worker = f"input worker {cluster.worker_name(cluster.workers.index(address))}"
+            else:
+                worker = f"the input worker at {address}"
+            text = text[match.end():]
+        text = re.sub(r"\s*\[Op:IteratorGetNext\].*$", "", text.strip(), flags=re.DOTALL)
+        where = _failing_op_location(self._dataset, text) or function_location(self._input_fn)
+        return InputWorkerError(
+            f"The input pipeline failed on {worker} ({failure.kind}): {text.strip()}",
+            where=where,
+            fix="Fix the input pipeline at the location above: each worker runs the dataset that input_fn builds "
+            "(input_fn itself runs on the chief), so run input_fn locally to reproduce the error.",
+        )
+
+
+# -- helpers -----------------------------------------------------------------
+
+
+def _call_input_fn(input_fn: Callable[..., Any], params: Mapping[str, Any]) -> tf.data.Dataset:
+    dataset = input_fn(params)
+    if not isinstance(dataset, tf.data.Dataset):
+        raise InputFunctionError(
+            "Input function must return a tf.data.Dataset",
+            where=function_location(input_fn),
+            fix=f"It returned {type(dataset).__name__}; build and return a tf.data.Dataset of (features, labels).",
+        )
+    return dataset
+
+
+def _check_shuffle_seeds(input_fn: Callable[..., Any], params: Mapping[str, Any], num_workers: int,
+                         tf_random_seed: int | None) -> None:
+    """The deterministic-seed rule, on input_fn built in a fresh graph (before any server starts)."""
+    seed = tf_random_seed if tf_random_seed is not None else context.global_seed()
+    with tf.Graph().as_default():
+        if seed is not None:
+            tf.compat.v1.set_random_seed(seed)
+        dataset = _call_input_fn(input_fn, params)
+        info = inspect_dataset(dataset)
+    raise_problems(check_shuffle_seeds(info, num_workers))
+
+
+def _tag_by_worker(dataset: tf.data.Dataset, num_workers: int) -> tf.data.Dataset:
+    """Zip each element with the index of the worker that produced it (see module docstring)."""
+    hint = tf.data.experimental.SHARD_HINT
+    tags = tf.data.Dataset.range(num_workers).shard(hint, hint).repeat()
+    return tf.data.Dataset.zip((dataset, tags))
+
+
+def _to_numpy(element: Any) -> Batch:
+    element = tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, element)
+    if isinstance(element, tuple) and len(element) == 2:
+        return element[0], element[1]
+    return element, None
+
+
+def _batch_size(batch: Batch) -> int:
+    leaves = [leaf for leaf in tf.nest.flatten(batch[0]) if isinstance(leaf, np.ndarray) and leaf.ndim]
+    return int(leaves[0].shape[0]) if leaves else 1
+
+
+def _refuse_python_ops(dataset: tf.data.Dataset, input_fn: Callable[..., Any]) -> None:
+    """tf.py_function/numpy_function cannot run on a remote worker: the Python code stays on the chief."""
+    try:
+        serialized = dataset._as_serialized_graph()  # pylint: disable=protected-access
+        graph_def = tf.compat.v1.GraphDef.FromString(serialized.numpy())
+    except Exception:  # noqa: BLE001 - best effort; the worker would report it
+        return
+    ops = {node.op for node in graph_def.node}
+    for function in graph_def.library.function:
+        ops.update(node.op for node in function.node_def)
+    if ops & _PYTHON_OPS:
+        raise InputFunctionError(
+            "The dataset uses tf.py_function/tf.numpy_function, which cannot run on remote input workers: "
+            "the Python function exists only in the chief's process.",
+            where=function_location(input_fn),
+            fix="Express the preprocessing with TensorFlow ops, or run without TF_CONFIG workers "
+            "(embedded workers via CSRunConfig(num_input_workers=N) share the chief's process).",
+        )
+
+
+def _function_graphs(dataset: tf.data.Dataset) -> list[Any]:
+    """The traced function graphs (map/filter/... functions) of a dataset and its inputs."""
+    graphs: list[Any] = []
+    seen: set[int] = set()
+    stack: list[Any] = [dataset]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        for value in list(vars(obj).values()):
+            values = value if isinstance(value, (list, tuple)) else [value]
+            for item in values:
+                if isinstance(item, tf.data.Dataset):
+                    stack.append(item)
+                else:
+                    function = getattr(item, "_function", None)
+                    graph = getattr(function, "graph", None)
+                    if graph is not None and hasattr(graph, "get_operations"):
+                        graphs.append(graph)
+    return graphs
+
+
+def _failing_op_location(dataset: tf.data.Dataset, message: str) -> str | None:
+    """'file:line' of the user code that created the op a TF error message names, if found."""
+    nodes = _NODE.findall(message)
+    if not nodes:
+        return None
+    try:
+        graphs = _function_graphs(dataset)
+    except Exception:  # noqa: BLE001 - best effort
+        return None
+    for node in nodes:
+        best = None
+        for graph in graphs:
+            for op in graph.get_operations():
+                matches = node == op.name or node.startswith(op.name + "/")
+                if matches and (best is None or len(op.name) > len(best.name)):
+                    best = op
+        location = op_location(best) if best is not None else None
+        if location:
+            return location
+    return None

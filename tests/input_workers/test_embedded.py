@@ -1,0 +1,237 @@
+"""InputStream in one process: local reading, embedded tf.data service workers, rules and faults."""
+from __future__ import annotations
+
+import time
+import warnings
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from cerebras_tf.errors import InputFunctionError, InputWorkerError, InputWorkerWarning
+from cerebras_tf.input_workers import Cluster, InputServers, InputStream
+from cerebras_tf.input_workers import service
+from cerebras_tf.input_workers.service import is_listening
+
+BATCH = 4
+
+
+def input_fn(params):
+    ds = tf.data.Dataset.range(64).shuffle(64)
+    ds = ds.map(lambda i: (tf.fill([3], tf.cast(i, tf.float32)), tf.cast(i % 2, tf.int32)))
+    return ds.batch(params["batch_size"], drop_remainder=True).repeat()
+
+
+def _read_until(stream, predicate, max_batches=2000, max_secs=30.0):
+    deadline = time.monotonic() + max_secs
+    for _ in range(max_batches):
+        next(stream)
+        if predicate() or time.monotonic() > deadline:
+            return
+    return
+
+
+def _drain(stream, lost, quiet_batches=30, max_batches=2000):
+    """Read until `lost` has sent nothing for `quiet_batches` batches (what it sent before dying is buffered)."""
+    quiet, last = 0, stream.stats().samples_per_worker[lost]
+    for _ in range(max_batches):
+        next(stream)
+        count = stream.stats().samples_per_worker[lost]
+        quiet, last = (quiet + 1, last) if count == last else (0, count)
+        if quiet >= quiet_batches:
+            return
+
+
+def test_local_stream_without_workers_starts_no_servers():
+    with InputStream(input_fn, {"batch_size": BATCH}, cluster=Cluster("localhost:2222")) as stream:
+        batches = [next(stream) for _ in range(20)]
+        stats = stream.stats()
+    assert stream.servers is None and stream.workers == ("chief",)
+    assert all(f.shape == (BATCH, 3) and f.dtype == np.float32 and l.shape == (BATCH,) for f, l in batches)
+    assert stats.samples == 20 * BATCH and stats.share("chief") == 1.0
+
+
+def test_two_embedded_workers_each_send_fixed_batches_in_their_own_order():
+    stream = InputStream(input_fn, {"batch_size": BATCH}, cluster=Cluster("localhost:2222"), num_input_workers=2)
+    try:
+        dispatcher = stream.servers.cluster.dispatcher_address
+        worker_addresses = stream.servers.cluster.workers
+        assert len(worker_addresses) == 2
+        shapes = set()
+        _read_until(stream, lambda: min(stream.stats().samples_per_worker.values()) >= 16 * BATCH)
+        for _ in range(10):
+            features, labels = next(stream)
+            shapes.add((features.shape, labels.shape))
+        stats = stream.stats()
+        assert shapes == {((BATCH, 3), (BATCH,))}
+        assert all(count >= 16 * BATCH for count in stats.samples_per_worker.values()), stats
+        assert stats.samples == stats.batches * BATCH
+        assert abs(sum(stats.share(w) for w in stats.workers) - 1.0) < 1e-9
+        summary = stats.summary_values()
+        expected = {"input/samples_per_sec", "input/wait_secs", "input/worker_0_share", "input/worker_1_share"}
+        assert expected <= set(summary)
+        assert summary["input/samples_per_sec"] > 0 and summary["input/wait_secs"] > 0
+    finally:
+        stream.close()
+    assert not is_listening(dispatcher) and not any(is_listening(a) for a in worker_addresses)
+
+
+def test_each_worker_shuffles_differently():
+    """Per-worker first epochs differ: the unseeded shuffle draws new seeds on every worker."""
+    def first_epoch_input_fn(params):
+        return tf.data.Dataset.range(64).shuffle(64).batch(64).repeat()
+
+    with InputStream(first_epoch_input_fn, {}, cluster=Cluster("localhost:2222"), num_input_workers=2) as stream:
+        orders: dict[str, list] = {}
+        deadline = time.monotonic() + 30
+        while len(orders) < 2 and time.monotonic() < deadline:
+            before = stream.stats().samples_per_worker
+            features, _ = next(stream)
+            after = stream.stats().samples_per_worker
+            worker = next(w for w in after if after[w] != before[w])
+            orders.setdefault(worker, features.tolist())
+    assert len(orders) == 2
+    first, second = orders.values()
+    assert sorted(first) == sorted(second) == list(range(64)) and first != second
+
+
+def test_fixed_shuffle_seed_with_two_workers_is_refused_before_servers_start(monkeypatch):
+    def seeded_input_fn(params):
+        return tf.data.Dataset.range(64).shuffle(64, seed=3).batch(4, drop_remainder=True).repeat()
+
+    def no_servers(*args, **kwargs):
+        raise AssertionError("servers started before the seed rule ran")
+
+    monkeypatch.setattr(InputServers, "embedded", no_servers)
+    with pytest.raises(InputFunctionError, match="Deterministic shuffle seed with 2 input workers") as info:
+        InputStream(seeded_input_fn, {}, cluster=Cluster("localhost:2222"), num_input_workers=2)
+    assert "test_embedded.py" in str(info.value)  # names the user's shuffle line
+    # one worker: the same seed is fine
+    with InputStream(seeded_input_fn, {}, cluster=Cluster("localhost:2222"), num_input_workers=1) as stream:
+        assert next(stream)[0].shape == (4,)
+
+
+def test_input_fn_errors_reach_the_user():
+    def broken_input_fn(params):
+        raise ValueError("no such data file: /data/train.tfrecord")
+
+    with pytest.raises(ValueError, match="no such data file"):
+        InputStream(broken_input_fn, {}, cluster=Cluster("localhost:2222"), num_input_workers=2)
+    with pytest.raises(InputFunctionError, match="must return a tf.data.Dataset"):
+        InputStream(lambda params: [1, 2], {}, cluster=Cluster("localhost:2222"))
+
+
+def test_a_pipeline_error_on_a_worker_names_the_worker_and_the_user_line():
+    def failing_input_fn(params):
+        def check(i):
+            tf.debugging.assert_less(i, tf.constant(40, tf.int64), message="sample id out of range in preprocess")
+            return tf.cast(i, tf.float32)
+
+        return tf.data.Dataset.range(64).map(check).batch(4, drop_remainder=True).repeat()
+
+    with InputStream(failing_input_fn, {}, cluster=Cluster("localhost:2222"), num_input_workers=2) as stream:
+        with pytest.raises(InputWorkerError) as info:
+            for _ in range(100):
+                next(stream)
+    message = str(info.value)
+    assert "The input pipeline failed on input worker worker:" in message
+    assert "sample id out of range in preprocess" in message
+    assert "test_embedded.py" in message  # the assert_less line in the user's input_fn
+
+
+def test_a_lost_embedded_worker_warns_and_the_stream_continues():
+    with InputStream(input_fn, {"batch_size": BATCH}, cluster=Cluster("localhost:2222"), num_input_workers=2,
+                     probe_interval_secs=0.2) as stream:
+        _read_until(stream, lambda: min(stream.stats().samples_per_worker.values()) > 0)
+        stream.servers.stop_worker(1)
+        lost = stream.workers[1]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _read_until(stream, lambda: bool(stream.stats().lost_workers))
+        _drain(stream, lost)
+        before = stream.stats().samples_per_worker
+        for _ in range(50):
+            next(stream)
+        after = stream.stats().samples_per_worker
+    messages = [str(w.message) for w in caught if issubclass(w.category, InputWorkerWarning)]
+    assert messages and lost in messages[0] and "continues on the remaining 1 worker" in messages[0]
+    assert after[lost] == before[lost]
+    assert after[stream.workers[0]] == before[stream.workers[0]] + 50 * BATCH
+
+
+def test_registration_timeout_names_the_missing_task():
+    addresses = tuple(f"127.0.0.1:{service.free_port()}" for _ in range(2))
+    dispatcher = service.start_dispatcher(0, addresses)
+    cluster = Cluster(f"127.0.0.1:{dispatcher.target.rsplit(':', 1)[1]}", addresses)
+    servers = InputServers(cluster, dispatcher)
+    try:
+        servers.workers.append(service.start_worker(cluster.dispatcher_address, addresses[0]))
+        started = time.monotonic()
+        with pytest.raises(InputWorkerError) as info:
+            service.wait_for_workers(dispatcher, cluster, timeout_secs=1.0)
+        assert time.monotonic() - started < 10
+    finally:
+        servers.stop()
+    message = str(info.value)
+    assert "1 of 2 registered" in message
+    assert f"worker:1 ({addresses[1]}): nothing listening" in message
+    assert "worker:0" not in message.split("What to do")[0]
+    assert "python -m cerebras_tf.input_worker" in message and '"index": 1' in message
+
+
+def test_a_cs_run_config_with_two_input_workers_streams_from_two_embedded_workers():
+    from cerebras_tf import CSRunConfig
+
+    config = CSRunConfig(cs_ip="localhost:9000", num_input_workers=2, input_worker_timeout_secs=30)
+    with InputStream.from_config(input_fn, {"batch_size": BATCH}, config, environ={}) as stream:
+        assert (stream.plan.mode, len(stream.workers)) == ("embedded", 2)
+        assert next(stream)[0].shape == (BATCH, 3)
+    with pytest.raises(ValueError, match="input_worker_timeout_secs"):
+        CSRunConfig(input_worker_timeout_secs=0)
+
+
+def test_a_global_seed_with_two_workers_is_refused_too(monkeypatch):
+    monkeypatch.setattr(InputServers, "embedded", lambda *a, **k: pytest.fail("servers started"))
+    tf.random.set_seed(5)
+    try:
+        with pytest.raises(InputFunctionError, match="Deterministic shuffle seed"):
+            InputStream(input_fn, {"batch_size": BATCH}, cluster=Cluster("localhost:2222"), num_input_workers=2)
+    finally:
+        tf.random.set_seed(None)
+    with pytest.raises(InputFunctionError, match="Deterministic shuffle seed"):
+        InputStream(input_fn, {"batch_size": BATCH}, cluster=Cluster("localhost:2222"), num_input_workers=2,
+                    tf_random_seed=11)
+
+
+def _two_loopback_workers() -> Cluster:
+    return Cluster(f"127.0.0.1:{service.free_port()}", tuple(f"127.0.0.1:{service.free_port()}" for _ in range(2)))
+
+
+def test_python_functions_are_refused_for_remote_workers(monkeypatch):
+    def py_input_fn(params):
+        ds = tf.data.Dataset.range(64).map(lambda i: tf.py_function(lambda x: x * 2, [i], tf.int64))
+        return ds.batch(4, drop_remainder=True).repeat()
+
+    monkeypatch.setattr(InputServers, "for_cluster", lambda *a, **k: pytest.fail("servers started"))
+    with pytest.raises(InputFunctionError, match="tf.py_function/tf.numpy_function, which cannot run on remote"):
+        InputStream(py_input_fn, {}, cluster=_two_loopback_workers())
+
+
+def test_the_chief_names_the_tf_config_workers_that_never_registered():
+    cluster = _two_loopback_workers()
+    with pytest.raises(InputWorkerError) as info:
+        InputStream(input_fn, {"batch_size": BATCH}, cluster=cluster, timeout_secs=1.0)
+    message = str(info.value)
+    assert "0 of 2 registered" in message
+    assert cluster.worker_name(0) in message and cluster.worker_name(1) in message
+    assert not is_listening(cluster.dispatcher_address)  # the dispatcher was stopped
+
+
+def test_streams_can_share_running_servers():
+    with InputServers.embedded(2) as servers:
+        for _ in range(2):
+            with InputStream(input_fn, {"batch_size": BATCH}, cluster=servers.cluster, servers=servers) as stream:
+                _read_until(stream, lambda: min(stream.stats().samples_per_worker.values()) > 0, max_secs=20)
+                assert min(stream.stats().samples_per_worker.values()) > 0
+            assert is_listening(servers.cluster.dispatcher_address)  # left running for the next stream
+    assert not is_listening(servers.cluster.dispatcher_address)
