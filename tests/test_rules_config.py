@@ -106,9 +106,11 @@ def test_missing_tf_config_is_refused_with_a_valid_value_that_then_works(
 
 
 @pytest.mark.parametrize("value, fragment", [
-    ("{not json", "TF_CONFIG is not valid JSON"),
+    ("{not json", "TF_CONFIG field 'TF_CONFIG': not valid JSON"),
     (json.dumps({"cluster": {"worker": ["localhost:2223"]}, "task": {"type": "worker", "index": 0}}),
-     "TF_CONFIG must list a 'chief' task under 'cluster'"),
+     "TF_CONFIG field 'cluster.chief': missing"),
+    (json.dumps({"cluster": {"chief": ["localhost:2222"], "worker": ["localhost:2222"]}}),
+     "TF_CONFIG field 'cluster.worker[0]': duplicate address 'localhost:2222', already used by cluster.chief[0]"),
 ])
 def test_malformed_tf_config_is_refused(make_estimator, make_input_fn, assert_refused, tf_config, value, fragment):
     estimator = make_estimator()

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping
+from typing import Mapping
 
 from cerebras_tf.errors import CerebrasError, ConfigError
+from cerebras_tf.input_workers.cluster import parse_tf_config
 from cerebras_tf.run_config import DEFAULT_TF_CONFIG
 from estimator import RunConfig, run_config_value
 
@@ -67,15 +68,13 @@ def check_run_config(config: RunConfig) -> list[CerebrasError]:
 
 
 def check_tf_config(environ: Mapping[str, str] = os.environ) -> list[CerebrasError]:
-    """A CS training run needs TF_CONFIG naming the chief (and any input workers)."""
+    """A CS training run needs a valid TF_CONFIG naming the chief (and any input workers)."""
     raw = environ.get("TF_CONFIG")
     fix = f"export TF_CONFIG='{_VALID_TF_CONFIG}' (or call cerebras_tf.set_default_tf_config() in the run script)."
     if not raw:
         return [ConfigError("The TF_CONFIG environment variable must be set for training on the CS system.", fix=fix)]
     try:
-        tf_config: Any = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        return [ConfigError(f"TF_CONFIG is not valid JSON ({exc}): {raw!r}.", fix=fix)]
-    if not isinstance(tf_config, dict) or "chief" not in (tf_config.get("cluster") or {}):
-        return [ConfigError(f"TF_CONFIG must list a 'chief' task under 'cluster', got {raw!r}.", fix=fix)]
+        parse_tf_config(raw)
+    except ConfigError as exc:  # names the offending field; the fix here shows a whole valid value
+        return [ConfigError(exc.message, fix=f"{fix} With input workers: {exc.fix}")]
     return []
