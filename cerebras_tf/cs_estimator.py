@@ -13,9 +13,14 @@ from cerebras_tf.errors import SystemUnavailableError, raise_problems
 from cerebras_tf.precheck import precheck
 from cerebras_tf.run_config import CSRunConfig
 from cerebras_tf.spec import to_plain_spec
+from cerebras_tf.tensorboard import write_image_summary
+from cerebras_tf.wse.fabric import WSE2
 from estimator import CapturedModel, EstimatorBase, EstimatorSpec, ModeKeys, RunConfig
 
 _log = tf.compat.v1.logging
+
+# TensorBoard on model_dir shows the compiled placement from this subdirectory.
+PLACEMENT_SUMMARY_DIR = "cs_placement"
 
 
 class CerebrasEstimator(EstimatorBase):
@@ -153,7 +158,11 @@ class CerebrasEstimator(EstimatorBase):
         matching every op to a kernel (nothing written); otherwise the artifact
         is written to compile_dir, or reused from there when the graph and the
         target system (config.system_name, default the cs_ip) are unchanged.
-        Returns the CompileResult (program, kernel counts, report, reused).
+        A full compile also places the layers on the fabric (config.fabric):
+        report.json and placement.png in the artifact, the placement table in
+        the report, and an image summary under model_dir/cs_placement for
+        TensorBoard. Returns the CompileResult (program, kernel counts, report,
+        placement, reused).
         """
         if mode not in (ModeKeys.TRAIN, ModeKeys.EVAL):
             raise_problems(rules.run.check_predict_call())
@@ -163,9 +172,12 @@ class CerebrasEstimator(EstimatorBase):
             validate_only=validate_only,
             compile_dir=None if validate_only else self.compile_dir,
             system_name=getattr(self.config, "system_name", None),
-            fabric=(getattr(self.config, "cs_config", None) or {}).get("fabric"),
+            fabric=getattr(self.config, "fabric", WSE2),
         )
         _log.info("%s\n%s", "Validated" if validate_only else "Compiled", result.report)
+        if result.placement is not None and not result.reused:
+            write_image_summary(os.path.join(self.model_dir, PLACEMENT_SUMMARY_DIR), f"placement/{mode}",
+                                result.placement.to_png())
         return result
 
     def _run_on_system(self, model: CapturedModel) -> Any:

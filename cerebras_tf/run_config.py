@@ -7,6 +7,7 @@ import traceback
 from typing import Any, Mapping
 
 from estimator import RunConfig
+from cerebras_tf.wse.fabric import WSE2, Fabric, fabric_by_name
 from estimator.source import user_frame
 
 # CSRunConfig checkpoints by steps (tf.estimator.RunConfig defaults to every
@@ -38,7 +39,8 @@ class CSRunConfig(RunConfig):
         in this process (no network connection is made).
       system_name: name of the target system; compiled artifacts are tied to it.
         Defaults to the cs_ip.
-      cs_config: dict of system settings (reserved for the fabric choice).
+      cs_config: dict of system settings: "fabric" is a preset name ("WSE-2",
+        the default, or "WSE-1") or a cerebras_tf.wse.fabric.Fabric.
       stack_params: dict of compiler settings.
       num_input_workers: input workers streaming data to the system; defaults
         to the number of `worker` tasks in TF_CONFIG, or 1. Without TF_CONFIG
@@ -72,12 +74,19 @@ class CSRunConfig(RunConfig):
             raise ValueError(
                 f"CSRunConfig(input_worker_timeout_secs={input_worker_timeout_secs!r}) must be a positive number."
             )
+        fabric = (cs_config or {}).get("fabric", WSE2)
+        if not isinstance(fabric, Fabric):
+            try:
+                fabric = fabric_by_name(fabric)
+            except ValueError as exc:
+                raise ValueError(f"CSRunConfig(cs_config={{'fabric': {fabric!r}}}): {exc}") from None
         if "save_checkpoints_steps" not in kwargs and "save_checkpoints_secs" not in kwargs:
             kwargs["save_checkpoints_steps"] = DEFAULT_SAVE_CHECKPOINTS_STEPS
         super().__init__(**kwargs)
         self._cs_ip = cs_ip
         self._system_name = system_name or cs_ip
         self._cs_config = dict(cs_config or {})
+        self._fabric = fabric
         self._stack_params = dict(stack_params or {})
         self._num_input_workers = num_input_workers
         self._input_worker_timeout_secs = float(input_worker_timeout_secs)
@@ -94,6 +103,11 @@ class CSRunConfig(RunConfig):
     @property
     def cs_config(self) -> dict[str, Any]:
         return self._cs_config
+
+    @property
+    def fabric(self) -> Fabric:
+        """The wafer the compiler places the model on (cs_config["fabric"], default WSE-2)."""
+        return self._fabric
 
     @property
     def stack_params(self) -> dict[str, Any]:

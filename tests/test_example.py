@@ -37,9 +37,12 @@ def test_validate_only_on_a_cs_system_passes_and_writes_nothing(params, tmp_path
     assert "TF_CONFIG" in os.environ  # the example sets the default, as Cerebras scripts do
 
 
-def test_compile_only_writes_the_artifact_to_compile_dir(params, tmp_path):
+def test_compile_only_writes_the_artifact_and_prints_the_placement(params, tmp_path, capsys):
     example.run(params=params, model_dir=str(tmp_path), cs_ip="localhost:9000", compile_only=True)
     assert (tmp_path / "cs_compile" / "train" / "program.json").exists()
+    assert (tmp_path / "cs_compile" / "train" / "report.json").exists()
+    printed = capsys.readouterr().out
+    assert "Pipelined placement on WSE-2" in printed and "fc_output" in printed
 
 
 def test_train_and_eval_on_a_cs_system_is_refused_before_anything_runs(params, tmp_path):

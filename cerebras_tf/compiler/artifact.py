@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Any
+from typing import Any, Mapping
 
 import tensorflow as tf
 
@@ -100,8 +100,12 @@ def _describe(system: dict[str, Any]) -> str:
 
 
 def write_artifact(directory: str, program: ir.Program, report: str, graph_hash: str,
-                   system: dict[str, Any]) -> None:
-    """Write the artifact atomically (temp dir + rename) to `directory`."""
+                   system: dict[str, Any], extra_files: Mapping[str, bytes] | None = None) -> None:
+    """Write the artifact atomically (temp dir + rename) to `directory`.
+
+    `extra_files` (name -> content, e.g. the placement's report.json and PNG)
+    are written beside the IR and covered by the manifest's checksums.
+    """
     parent = os.path.dirname(os.path.abspath(directory))
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.tmp-", dir=parent)
@@ -110,6 +114,10 @@ def write_artifact(directory: str, program: ir.Program, report: str, graph_hash:
         with open(os.path.join(staging, REPORT_FILE), "w", encoding="utf-8") as f:
             f.write(report)
         names.append(REPORT_FILE)
+        for name, content in (extra_files or {}).items():
+            with open(os.path.join(staging, name), "wb") as f:
+                f.write(content)
+            names.append(name)
         files = {name: {"size": os.path.getsize(os.path.join(staging, name)),
                         "sha256": _sha256(os.path.join(staging, name))} for name in names}
         manifest = {"graph_hash": graph_hash, "system": system, "ir_version": ir.IR_VERSION,

@@ -4,17 +4,22 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import json
 import os
 import pathlib
 import time
-from typing import Any
 
 import tensorflow as tf
 
-from cerebras_tf.compiler import artifact, ir, lower, report
+from cerebras_tf.compiler import artifact, ir, layout, lower, report
+from cerebras_tf.wse.fabric import Fabric
+from cerebras_tf.wse.placement import PlacementReport
 from estimator import CapturedModel
 
 _log = tf.compat.v1.logging
+
+PLACEMENT_REPORT_FILE = "report.json"
+PLACEMENT_PICTURE_FILE = "placement.png"
 
 
 @functools.lru_cache(maxsize=None)
@@ -36,6 +41,7 @@ class CompileResult:
     artifact_dir: str | None = None
     note: str = ""  # why the artifact was (re)built, or "reused"
     seconds: float = 0.0
+    placement: PlacementReport | None = None  # full compile for a fabric: the pipelined layout
 
     @property
     def kernel_counts(self) -> dict[str, int]:
@@ -43,16 +49,19 @@ class CompileResult:
 
 
 def compile_model(model: CapturedModel, *, validate_only: bool = False, compile_dir: str | None = None,
-                  system_name: str | None = None, fabric: Any = None) -> CompileResult:
+                  system_name: str | None = None, fabric: Fabric | None = None) -> CompileResult:
     """Compile a captured model (already prechecked) for the CS system.
 
     validate_only: fold and match every op to a kernel, then stop (no casts,
       nothing written). Otherwise the full program (with precision casts) is
       built, and with a compile_dir written there as an artifact, or reused
       from there when the graph hash and target system match.
+    fabric: the target fabric; a full compile then places the program on it
+      (CompileResult.placement; report.json and placement.png in the artifact).
     Raises CompileError subclasses (or MultipleProblemsError) naming each
     unsupported op, its type and the user's file:line; ArtifactSystemMismatchError
-    when compile_dir holds an artifact for another system.
+    when compile_dir holds an artifact for another system; FabricCapacityError
+    when the model does not fit on the fabric.
     """
     start = time.perf_counter()
     graph_hash = lower.graph_hash(model, extra=f"casts={not validate_only}|compiler={compiler_digest()}")
@@ -65,15 +74,23 @@ def compile_model(model: CapturedModel, *, validate_only: bool = False, compile_
             with open(os.path.join(directory, artifact.REPORT_FILE), encoding="utf-8") as f:
                 text = f.read()
             _log.info("Reusing the compiled artifact in %s (graph hash %s).", directory, graph_hash[:12])
+            placement = layout.place_program(program, fabric) if fabric is not None else None  # deterministic
             return CompileResult(program, text, graph_hash, False, True, directory, note,
-                                 time.perf_counter() - start)
+                                 time.perf_counter() - start, placement)
     program, stats = lower.lower(model, casts=not validate_only)
+    placement = layout.place_program(program, fabric) if fabric is not None and not validate_only else None
     seconds = time.perf_counter() - start
     text = report.render(program, stats, graph_hash=graph_hash, system=system, seconds=seconds)
+    if placement is not None:
+        text += "\n\n" + placement.render_table() + "\n"
     if directory is not None:
-        artifact.write_artifact(directory, program, text, graph_hash, system)
+        extra = {} if placement is None else {
+            PLACEMENT_REPORT_FILE: json.dumps(placement.to_dict(), indent=2, sort_keys=True).encode(),
+            PLACEMENT_PICTURE_FILE: placement.to_png(),
+        }
+        artifact.write_artifact(directory, program, text, graph_hash, system, extra)
         _log.info("Compiled %d kernels to %s (%s).", len(program.kernels), directory, note)
     return CompileResult(program, text, graph_hash, validate_only, False, directory, note,
-                         time.perf_counter() - start)
+                         time.perf_counter() - start, placement)
 
 

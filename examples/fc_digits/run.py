@@ -75,6 +75,8 @@ def run(
         kernels = len(result.program.kernels)  # compile() logs the full report
         print(f"The model passed every CS-system check ({kernels} WSE kernels)." if validate_only else
               f"Compiled {kernels} WSE kernels to {result.artifact_dir} ({'reused' if result.reused else 'built'}).")
+        if result.placement is not None:
+            print(result.placement.render_table())
         return None
 
     if mode == "train_and_eval" and cs_ip:

@@ -10,6 +10,7 @@ import pytest
 
 from cerebras_tf.compiler import artifact, ir
 from cerebras_tf.errors import ArtifactSystemMismatchError
+from cerebras_tf.wse.fabric import WSE2
 from examples.zoo import mlp
 
 
@@ -33,8 +34,8 @@ def test_second_compile_reuses_the_artifact_without_rewriting(zoo_estimator, tmp
 
     manifest = json.loads((directory / artifact.MANIFEST_FILE).read_text())
     assert manifest["graph_hash"] == first.graph_hash
-    assert manifest["system"] == {"system_name": "localhost:9000", "fabric": None}
-    assert set(manifest["files"]) == {"program.json", "constants.npz", "report.txt"}
+    assert manifest["system"] == {"system_name": "localhost:9000", "fabric": WSE2.to_dict()}
+    assert set(manifest["files"]) == {"program.json", "constants.npz", "report.txt", "report.json", "placement.png"}
 
 
 def test_changed_graph_is_recompiled(zoo_estimator, tmp_path):

@@ -1,0 +1,80 @@
+"""compile() places the program on the fabric: report object, report.json, placement.png."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cerebras_tf import CSRunConfig
+from cerebras_tf.compiler import driver
+from cerebras_tf.errors import FabricCapacityError
+from cerebras_tf.wse.fabric import small_fabric
+from examples.zoo import cnn, mlp
+
+REPORT_KEYS = {"estimated_samples_per_sec", "bound_samples_per_sec", "placement_efficiency", "limiting_bound",
+               "fill_latency_steps", "fabric", "layers"}
+LAYER_KEYS = {"name", "x", "y", "width", "height", "pes", "flops_per_sample", "bytes", "samples_per_sec_alone"}
+
+
+@pytest.mark.parametrize("model", [mlp, cnn], ids=["mlp", "cnn"])
+def test_full_compile_places_every_layer_and_writes_report_and_picture(zoo_estimator, tmp_path, model):
+    name = "mlp" if model is mlp else "cnn"
+    result = zoo_estimator(name, compile_dir=str(tmp_path / "compile")).compile(model.input_fn)
+    placement = result.placement
+    assert placement is not None
+    assert [r.name for r in placement.regions] == [layer.name for layer in result.program.layers]
+    assert placement.fabric.name == "WSE-2"
+    assert 0 < placement.placement_efficiency <= 1.0 + 1e-9
+    assert placement.estimated_samples_per_sec == pytest.approx(
+        placement.placement_efficiency * placement.bound_samples_per_sec)
+    assert "Pipelined placement on WSE-2" in result.report
+
+    directory = tmp_path / "compile" / "train"
+    report = json.loads((directory / driver.PLACEMENT_REPORT_FILE).read_text())
+    assert REPORT_KEYS <= set(report)
+    assert report["fabric"]["name"] == "WSE-2" and report["fabric"]["width"] * report["fabric"]["height"] > 800_000
+    assert all(LAYER_KEYS <= set(layer) for layer in report["layers"])
+    assert (directory / driver.PLACEMENT_PICTURE_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_reused_artifact_still_returns_the_same_placement(zoo_estimator, tmp_path):
+    compile_dir = str(tmp_path / "compile")
+    first = zoo_estimator("mlp", compile_dir=compile_dir).compile(mlp.input_fn)
+    second = zoo_estimator("mlp", compile_dir=compile_dir).compile(mlp.input_fn)
+    assert second.reused
+    assert second.placement.to_dict()["layers"] == first.placement.to_dict()["layers"]
+
+
+def test_validate_only_does_not_place(zoo_estimator):
+    assert zoo_estimator("mlp").compile(mlp.input_fn, validate_only=True).placement is None
+
+
+def test_a_model_too_big_for_the_fabric_fails_at_compile_with_sizes(zoo_estimator, tmp_path):
+    tiny = small_fabric(2, 2, sram_bytes_per_pe=256)
+    compile_dir = tmp_path / "compile"
+    estimator = zoo_estimator("mlp", compile_dir=str(compile_dir), cs_config={"fabric": tiny})
+    with pytest.raises(FabricCapacityError) as info:
+        estimator.compile(mlp.input_fn)
+    message = str(info.value)
+    assert "Weight streaming" in message and "small-2x2" in message and "29 KB" in message
+    assert not (compile_dir / "train").exists()  # nothing half-written
+
+
+def test_unknown_fabric_name_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match=r"cs_config=\{'fabric': 'WSE-9'\}.*'WSE-2'"):
+        CSRunConfig(cs_config={"fabric": "WSE-9"})
+
+
+def test_full_compile_writes_the_placement_picture_as_a_tensorboard_image(zoo_estimator, tmp_path):
+    import glob
+
+    import tensorflow as tf
+
+    estimator = zoo_estimator("mlp", compile_dir=str(tmp_path / "compile"))
+    result = estimator.compile(mlp.input_fn)
+    files = glob.glob(str(tmp_path / "model" / "cs_placement" / "events.out.tfevents.*"))
+    assert len(files) == 1
+    images = [value for event in tf.compat.v1.train.summary_iterator(files[0])
+              for value in event.summary.value if value.HasField("image")]
+    assert [value.tag for value in images] == ["placement/train"]
+    assert images[0].image.encoded_image_string == result.placement.to_png()
