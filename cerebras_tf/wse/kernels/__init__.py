@@ -1,0 +1,45 @@
+"""numpy implementations of every WSE kernel kind (cerebras_tf.compiler.kernels.LIBRARY).
+
+`KERNELS` maps a kind to a `KernelFn(inputs, attrs, ctx) -> outputs`;
+`run_kernel` is the convenient entry point. Semantics are TensorFlow's for the
+kernel's TF op type with static inputs moved to attrs. Variable-writing kinds
+(assign_*, scatter_add_variable, apply_*) update `variables` in place and
+return []. Never imports TensorFlow. The IR's "gradient_seed" kernel (not a
+LIBRARY kind) is left to the executor.
+
+Modules: elementwise, elementwise_grad, linalg (matmul/conv), pool, norm,
+softmax, reduce, data, random, variables (incl. optimizers).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from cerebras_tf.wse.kernels import (  # noqa: F401  (registers the kinds)
+    data,
+    elementwise,
+    elementwise_grad,
+    linalg,
+    norm,
+    pool,
+    random,
+    reduce,
+    softmax,
+    variables,
+)
+from cerebras_tf.wse.kernels._registry import KERNELS, KernelContext, KernelFn, np_dtype
+
+__all__ = ["KERNELS", "KernelContext", "KernelFn", "np_dtype", "run_kernel"]
+
+
+def run_kernel(kind: str, inputs: list[np.ndarray], attrs: Mapping[str, Any] | None = None,
+               variables: list[np.ndarray] | None = None, step: int = 0, salt: int = 0) -> list[np.ndarray]:
+    """Run one kernel. `variables` (resource operands) are written in place by the writing kinds;
+    `step` (global step) and `salt` (kernel id) seed the random kinds."""
+    try:
+        fn = KERNELS[kind]
+    except KeyError:
+        raise KeyError(f"no WSE kernel implements kind {kind!r}") from None
+    ctx = KernelContext(variables=list(variables or []), step=step, salt=salt)
+    return fn([np.asarray(x) for x in inputs], attrs or {}, ctx)

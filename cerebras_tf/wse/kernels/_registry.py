@@ -1,0 +1,53 @@
+"""The kernel registry: kind -> numpy implementation, plus the per-run context."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class KernelContext:
+    """What a kernel may use besides its inputs and attrs.
+
+    variables: the resource operands (Kernel.vars order), written in place by
+    the variable-writing kinds. step: the global step, which random kernels mix
+    into their (seed, seed2) pair so each step draws a fresh sample. salt: mixed
+    in only for unseeded random kernels (seed == seed2 == 0).
+    """
+
+    variables: list[np.ndarray] = dataclasses.field(default_factory=list)
+    step: int = 0
+    salt: int = 0  # distinguishes unseeded (seed == seed2 == 0) random kernels: pass the kernel id
+
+
+KernelFn = Callable[[list[np.ndarray], Mapping[str, Any], KernelContext], list[np.ndarray]]
+
+KERNELS: dict[str, KernelFn] = {}
+
+
+def register(*kinds: str) -> Callable[[KernelFn], KernelFn]:
+    """Decorator: register `fn` under each kind."""
+    def deco(fn: KernelFn) -> KernelFn:
+        for kind in kinds:
+            if kind in KERNELS:
+                raise ValueError(f"kernel kind {kind!r} registered twice")
+            KERNELS[kind] = fn
+        return fn
+    return deco
+
+
+def np_dtype(name: Any) -> np.dtype:
+    """A numpy dtype for an IR dtype name; "half" (and bfloat16/cbfloat16) are held as float32."""
+    if isinstance(name, np.dtype):
+        return name
+    name = str(name)
+    if name in ("half", "bfloat16", "cbfloat16"):
+        return np.dtype(np.float32)
+    return np.dtype(name)
+
+
+def normalize_axis(axis: int, ndim: int) -> int:
+    """A TF axis (negative counts from the end) as a non-negative index."""
+    return axis + ndim if axis < 0 else axis

@@ -1,0 +1,206 @@
+"""Element-wise kernels: unary, binary (numpy broadcasting), comparisons, logic, select, cast.
+
+Semantics follow the TF op of the same name; float math is done in the input
+dtype (float32 stays float32, no float64 detours except where noted).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from cerebras_tf.amp.dtypes import round_to_half
+from cerebras_tf.wse.kernels._registry import KernelContext, np_dtype, register
+
+try:  # scipy ships with the test extras; fall back to math.erf (exact, slower) without it
+    from scipy.special import erf as _erf
+except ImportError:  # pragma: no cover
+    _erf_vec = np.frompyfunc(math.erf, 1, 1)
+
+    def _erf(x: np.ndarray) -> np.ndarray:
+        return _erf_vec(np.asarray(x, np.float64)).astype(np.float64)
+
+SELU_SCALE = 1.0507009873554804934193349852946
+SELU_ALPHA = 1.6732632423543772848170429916717
+
+
+def _same(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+    """Wrap `fn` so the result keeps the input's dtype."""
+    def wrapped(x: np.ndarray) -> np.ndarray:
+        return np.asarray(fn(x)).astype(x.dtype, copy=False)
+    return wrapped
+
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    # TF: threshold = log(eps) + 2; x > -threshold -> x; x < threshold -> exp(x); else log1p(exp(x)).
+    thr = np.log(np.finfo(x.dtype).eps) + 2 if x.dtype.kind == "f" else np.log(np.finfo(np.float32).eps) + 2
+    with np.errstate(over="ignore"):
+        return np.where(x > -thr, x, np.where(x < thr, np.exp(x), np.log1p(np.exp(x))))
+
+
+def _sign(x: np.ndarray) -> np.ndarray:
+    return np.sign(x)
+
+
+_UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "neg": np.negative,
+    "exp": np.exp,
+    "log": np.log,
+    "log1p": np.log1p,
+    "erf": _same(_erf),
+    "tanh": np.tanh,
+    "sigmoid": lambda x: _same(lambda y: 1.0 / (1.0 + np.exp(-y.astype(np.float64))))(x),
+    "relu": lambda x: np.maximum(x, np.zeros((), x.dtype)),
+    "relu6": lambda x: np.minimum(np.maximum(x, np.zeros((), x.dtype)), np.asarray(6, x.dtype)),
+    "elu": lambda x: np.where(x < 0, np.expm1(x), x),
+    "selu": lambda x: np.where(x < 0, (SELU_SCALE * SELU_ALPHA * np.expm1(x)).astype(x.dtype),
+                               (SELU_SCALE * x).astype(x.dtype)),
+    "softplus": _softplus,
+    "rsqrt": lambda x: np.reciprocal(np.sqrt(x)),
+    "sqrt": np.sqrt,
+    "square": np.square,
+    "abs": np.abs,
+    "sign": _sign,
+    "reciprocal": np.reciprocal,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "round": np.round,  # half to even, as tf.raw_ops.Round
+    "sin": np.sin,
+    "cos": np.cos,
+    "logical_not": np.logical_not,
+    "is_finite": np.isfinite,
+    "is_nan": np.isnan,
+    "zeros_like": np.zeros_like,
+    "ones_like": np.ones_like,
+}
+
+
+def _make_unary(fn: Callable[[np.ndarray], np.ndarray]):
+    def kernel(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+        x = np.asarray(inputs[0])
+        with np.errstate(all="ignore"):
+            return [np.asarray(fn(x))]
+    return kernel
+
+
+for _kind, _fn in _UNARY.items():
+    register(_kind)(_make_unary(_fn))
+
+
+@register("leaky_relu")
+def leaky_relu(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    x = inputs[0]
+    alpha = np.asarray(attrs.get("alpha", 0.2), x.dtype)
+    return [np.where(x > 0, x, x * alpha)]
+
+
+@register("cast")
+def cast(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    """tf.cast. to="half" rounds to the selected half dtype (held as float32); "bfloat16" and
+    "cbfloat16" round to that format (held as float32); "float16" gives a real numpy float16."""
+    x = np.asarray(inputs[0])
+    to = str(attrs["to"])
+    if to == "half":
+        return [round_to_half(x)]
+    if to in ("bfloat16", "cbfloat16"):
+        return [round_to_half(x, to)]
+    dtype = np_dtype(to)
+    if dtype == np.bool_:
+        return [x != 0]
+    with np.errstate(invalid="ignore", over="ignore"):
+        return [x.astype(dtype)]
+
+
+# ---- binary ------------------------------------------------------------------------------
+
+def _floor_div(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    if np.result_type(x, y).kind == "f":
+        return np.floor(np.true_divide(x, y))
+    return np.floor_divide(x, y)
+
+
+def _floor_mod(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    if np.result_type(x, y).kind == "f":
+        trunc = np.fmod(x, y)
+        return np.where((trunc != 0) & ((y < 0) != (trunc < 0)), trunc + y, trunc)
+    return np.mod(x, y)
+
+
+def _div(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    if np.result_type(x, y).kind in "iu":  # tf.raw_ops.Div on integers truncates toward zero
+        q = np.floor_divide(x, y)
+        return np.where((q < 0) & (q * y != x), q + 1, q)
+    return np.true_divide(x, y)
+
+
+_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "mul_no_nan": lambda x, y: np.where(y == 0, np.zeros((), np.result_type(x, y)), x * y),
+    "div": _div,
+    "div_no_nan": lambda x, y: np.where(y == 0, np.zeros((), np.result_type(x, y)), x / np.where(y == 0, 1, y)),
+    "floor_div": _floor_div,
+    "floor_mod": _floor_mod,
+    "pow": np.power,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "squared_difference": lambda x, y: np.square(x - y),
+    "equal": np.equal,
+    "not_equal": np.not_equal,
+    "less": np.less,
+    "less_equal": np.less_equal,
+    "greater": np.greater,
+    "greater_equal": np.greater_equal,
+    "logical_and": np.logical_and,
+    "logical_or": np.logical_or,
+}
+
+
+def _make_binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]):
+    def kernel(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+        x, y = np.asarray(inputs[0]), np.asarray(inputs[1])
+        dtype = x.dtype
+        with np.errstate(all="ignore"):
+            out = np.asarray(fn(x, y))
+        if out.dtype != np.bool_ and out.dtype != dtype and x.dtype == y.dtype:
+            out = out.astype(dtype)  # e.g. float32 ** float32 stays float32
+        return [out]
+    return kernel
+
+
+for _kind, _fn in _BINARY.items():
+    register(_kind)(_make_binary(_fn))
+
+
+@register("bias_add")
+def bias_add(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    """value + bias along the channel axis (last for NHWC, 1 for NCHW)."""
+    x, b = inputs
+    if str(attrs.get("data_format", "NHWC")).startswith("NC") and x.ndim >= 3:
+        return [x + b.reshape((-1,) + (1,) * (x.ndim - 2))]
+    return [x + b]
+
+
+@register("add_n")
+def add_n(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    out = np.array(inputs[0], copy=True)
+    for x in inputs[1:]:
+        out += x
+    return [out]
+
+
+@register("clip_by_value")
+def clip_by_value(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    x, lo, hi = inputs
+    return [np.maximum(np.minimum(x, hi), lo).astype(x.dtype, copy=False)]
+
+
+@register("select")
+def select(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    """Select (broadcast="v1": a vector condition picks rows of x/y) or SelectV2 ("numpy", default)."""
+    cond, x, y = (np.asarray(a) for a in inputs)
+    if attrs.get("broadcast", "numpy") == "v1" and cond.ndim == 1 and x.ndim > 1:
+        cond = cond.reshape((-1,) + (1,) * (x.ndim - 1))
+    return [np.where(cond, x, y)]

@@ -1,0 +1,95 @@
+"""Gradients of element-wise ops, in TF's operand order.
+
+(gradients, features): relu_grad, relu6_grad, softplus_grad, leaky_relu_grad.
+(gradients, outputs): elu_grad, selu_grad.
+(y, dy) -- the forward *output* first: tanh_grad, sigmoid_grad, rsqrt_grad, sqrt_grad, reciprocal_grad.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from cerebras_tf.wse.kernels._registry import KernelContext, register
+from cerebras_tf.wse.kernels.elementwise import SELU_ALPHA, SELU_SCALE
+
+
+def _zero(x: np.ndarray) -> np.ndarray:
+    return np.zeros((), x.dtype)
+
+
+@register("relu_grad")
+def relu_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    g, f = inputs
+    return [np.where(f > 0, g, _zero(g))]
+
+
+@register("relu6_grad")
+def relu6_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    g, f = inputs
+    return [np.where((f > 0) & (f < 6), g, _zero(g))]
+
+
+@register("leaky_relu_grad")
+def leaky_relu_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    g, f = inputs
+    return [np.where(f > 0, g, g * np.asarray(attrs.get("alpha", 0.2), g.dtype))]
+
+
+@register("softplus_grad")
+def softplus_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    g, f = inputs
+    with np.errstate(over="ignore"):
+        return [g / (np.exp(-f) + np.ones((), f.dtype))]
+
+
+@register("elu_grad")
+def elu_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    g, y = inputs
+    return [np.where(y < 0, g * (y + np.ones((), y.dtype)), g)]
+
+
+@register("selu_grad")
+def selu_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    g, y = inputs
+    sa, s = np.asarray(SELU_SCALE * SELU_ALPHA, y.dtype), np.asarray(SELU_SCALE, y.dtype)
+    return [np.where(y < 0, g * (y + sa), g * s)]
+
+
+@register("tanh_grad")
+def tanh_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    y, dy = inputs
+    return [dy * (np.ones((), y.dtype) - y * y)]
+
+
+@register("sigmoid_grad")
+def sigmoid_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    y, dy = inputs
+    return [dy * y * (np.ones((), y.dtype) - y)]
+
+
+@register("rsqrt_grad")
+def rsqrt_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    y, dy = inputs
+    return [np.asarray(-0.5, y.dtype) * (dy * y) * (y * y)]
+
+
+@register("sqrt_grad")
+def sqrt_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    y, dy = inputs
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return [np.asarray(0.5, y.dtype) * dy / y]
+
+
+@register("reciprocal_grad")
+def reciprocal_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    y, dy = inputs
+    return [-y * y * dy]
+
+
+@register("bias_add_grad")
+def bias_add_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    """Sum of the gradient over every axis but the channel axis."""
+    g = inputs[0]
+    ch = 1 if str(attrs.get("data_format", "NHWC")).startswith("NC") and g.ndim >= 3 else g.ndim - 1
+    return [g.sum(axis=tuple(a for a in range(g.ndim) if a != ch), dtype=g.dtype)]

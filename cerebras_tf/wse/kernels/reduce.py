@@ -1,0 +1,89 @@
+"""Reductions (axis attr: int, list or None = all; keep_dims), argmax/argmin, cumsum, band_part.
+
+Integer mean truncates toward zero like TF; empty axis lists reduce nothing.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from cerebras_tf.wse.kernels._registry import KernelContext, np_dtype, register
+
+
+def _axes(axis: Any, ndim: int) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(ndim))
+    values = np.atleast_1d(np.asarray(axis, np.int64)).tolist()
+    return tuple(sorted({a + ndim if a < 0 else a for a in values}))
+
+
+def _make(reducer):
+    def kernel(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+        x = np.asarray(inputs[0])
+        axes = _axes(attrs.get("axis"), x.ndim)
+        out = reducer(x, axes)
+        if attrs.get("keep_dims"):
+            out = np.expand_dims(out, axes) if axes else out
+        return [np.asarray(out)]
+    return kernel
+
+
+def _mean(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    if x.dtype.kind in "iu":
+        n = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+        s = x.sum(axis=axes, dtype=x.dtype)
+        return (np.sign(s) * (np.abs(s) // n)).astype(x.dtype)
+    return (x.sum(axis=axes, dtype=x.dtype) / x.dtype.type(int(np.prod([x.shape[a] for a in axes])) or 1))
+
+
+register("sum")(_make(lambda x, a: x.sum(axis=a, dtype=x.dtype)))
+register("mean")(_make(_mean))
+register("max")(_make(lambda x, a: x.max(axis=a) if x.size else np.full(
+    [d for i, d in enumerate(x.shape) if i not in a], -np.inf, x.dtype)))
+register("min")(_make(lambda x, a: x.min(axis=a) if x.size else np.full(
+    [d for i, d in enumerate(x.shape) if i not in a], np.inf, x.dtype)))
+register("prod")(_make(lambda x, a: x.prod(axis=a, dtype=x.dtype)))
+register("all")(_make(lambda x, a: np.all(x, axis=a)))
+register("any")(_make(lambda x, a: np.any(x, axis=a)))
+
+
+def _arg(fn, nan_as: float):
+    def kernel(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+        x = inputs[0]
+        if x.dtype.kind == "f" and np.isnan(x).any():  # TF's comparisons never pick a NaN
+            x = np.where(np.isnan(x), x.dtype.type(nan_as), x)
+        axis = int(np.asarray(attrs.get("axis", 0)).reshape(-1)[0])
+        return [fn(x, axis=axis).astype(np_dtype(attrs.get("output_type", "int64")))]
+    return kernel
+
+
+register("argmax")(_arg(np.argmax, -np.inf))  # first occurrence of the extreme value, as TF
+register("argmin")(_arg(np.argmin, np.inf))
+
+
+@register("cumsum")
+def cumsum(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    x = inputs[0]
+    axis = int(np.asarray(attrs.get("axis", 0)).reshape(-1)[0])
+    axis = axis + x.ndim if axis < 0 else axis
+    if attrs.get("reverse"):
+        x = np.flip(x, axis)
+    out = np.cumsum(x, axis=axis, dtype=x.dtype)
+    if attrs.get("exclusive"):
+        out = np.concatenate([np.zeros_like(np.take(out, [0], axis=axis)),
+                              np.take(out, np.arange(out.shape[axis] - 1), axis=axis)], axis=axis)
+    if attrs.get("reverse"):
+        out = np.flip(out, axis)
+    return [np.ascontiguousarray(out)]
+
+
+@register("band_part")
+def band_part(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    """MatrixBandPart: keep i - j <= num_lower and j - i <= num_upper (negative = unbounded)."""
+    x = inputs[0]
+    lo, up = int(attrs["num_lower"]), int(attrs["num_upper"])
+    i = np.arange(x.shape[-2])[:, None]
+    j = np.arange(x.shape[-1])[None, :]
+    keep = ((lo < 0) | (i - j <= lo)) & ((up < 0) | (j - i <= up))
+    return [np.where(keep, x, np.zeros((), x.dtype))]

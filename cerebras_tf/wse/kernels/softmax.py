@@ -1,0 +1,73 @@
+"""softmax, log_softmax, softmax_cross_entropy, sparse_softmax_cross_entropy, l2_loss (TF formulas).
+
+The cross-entropy kinds return (loss[batch], backprop[batch, classes]) with
+backprop = softmax(logits) - labels. An out-of-range sparse label gives a NaN
+row (TF's CPU kernel raises instead).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from cerebras_tf.wse.kernels._registry import KernelContext, register
+
+
+def _shifted(x: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        return x - x.max(axis=-1, keepdims=True)
+
+
+@register("softmax")
+def softmax(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    e = np.exp(_shifted(inputs[0]))
+    return [e / e.sum(axis=-1, keepdims=True)]
+
+
+@register("log_softmax")
+def log_softmax(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    s = _shifted(inputs[0])
+    return [s - np.log(np.exp(s).sum(axis=-1, keepdims=True))]
+
+
+def _xent(logits: np.ndarray, labels: np.ndarray) -> list[np.ndarray]:
+    s = _shifted(logits)
+    e = np.exp(s)
+    total = e.sum(axis=-1, keepdims=True)
+    loss = (labels * (np.log(total) - s)).sum(axis=-1)
+    return [loss.astype(logits.dtype, copy=False), (e / total - labels).astype(logits.dtype, copy=False)]
+
+
+@register("softmax_cross_entropy")
+def softmax_cross_entropy(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    """SoftmaxCrossEntropyWithLogits(features, labels); labels broadcast against features."""
+    logits, labels = inputs
+    logits = np.atleast_2d(logits)
+    return _xent(logits, np.broadcast_to(labels, logits.shape))
+
+
+@register("sparse_softmax_cross_entropy")
+def sparse_softmax_cross_entropy(inputs: list[np.ndarray], attrs: Mapping[str, Any],
+                                 ctx: KernelContext) -> list[np.ndarray]:
+    """SparseSoftmaxCrossEntropyWithLogits(features[batch, classes], labels[batch] int)."""
+    logits, labels = inputs
+    k = logits.shape[-1]
+    s = _shifted(logits)
+    e = np.exp(s)
+    total = e.sum(axis=-1, keepdims=True)
+    ok = (labels >= 0) & (labels < k)
+    safe = np.where(ok, labels, 0).astype(np.int64)
+    picked = np.take_along_axis(s, safe[:, None], axis=-1)[:, 0]
+    loss = np.log(total[:, 0]) - picked
+    back = e / total
+    back[np.arange(len(safe)), safe] -= ok.astype(back.dtype)
+    nan = np.asarray(np.nan, logits.dtype)
+    loss = np.where(ok, loss, nan)
+    back = np.where(ok[:, None], back, nan)
+    return [loss.astype(logits.dtype, copy=False), back.astype(logits.dtype, copy=False)]
+
+
+@register("l2_loss")
+def l2_loss(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    x = inputs[0]
+    return [np.asarray(np.square(x).sum(dtype=x.dtype) / x.dtype.type(2), x.dtype)]
