@@ -11,6 +11,8 @@ run as a side effect).
 """
 from __future__ import annotations
 
+import re
+
 import copy
 import dataclasses
 from typing import Any, Iterable, Mapping, Sequence
@@ -68,6 +70,15 @@ def variable_shape(handle: tf.Tensor) -> list[int] | None:
     return None
 
 
+# The Fill that tf.gradients creates as d(loss)/d(loss).
+GRADIENT_SEED = re.compile(r"(^|/)gradients(_\d+)?/grad_ys_\d+$")
+
+
+def is_gradient_seed(op: tf.Operation) -> bool:
+    """True for the gradient seed of a tf.gradients call (the loss-scaling point)."""
+    return op.type == "Fill" and bool(GRADIENT_SEED.search(op.name))
+
+
 class Folder:
     """Which tensors of a graph are constant, and their values.
 
@@ -88,6 +99,8 @@ class Folder:
     def _classify(self, op: tf.Operation) -> None:
         if all(out.name in self._const for out in op.outputs) and op.outputs:
             return  # bound by `known`
+        if is_gradient_seed(op):
+            return  # d(loss)/d(loss) is scaled at run time (loss scaling): never a constant
         python = self._python_value(op)
         if python is not None:
             for out, value in zip(op.outputs, python):

@@ -30,7 +30,6 @@ from estimator.source import is_user_file
 ALIAS_OPS = frozenset({"Identity", "IdentityN", "StopGradient", "Snapshot", "PreventGradient", "EnsureShape"})
 _ASSERT_OPS = frozenset({"Assert", "PrintV2", "Print"})
 _GRADIENT_SCOPE = re.compile(r"(^|/)gradients(_\d+)?/")
-_GRADIENT_SEED = re.compile(r"(^|/)gradients(_\d+)?/grad_ys_\d+$")
 _IF_OPS = frozenset({"If", "StatelessIf"})
 
 
@@ -313,7 +312,7 @@ class _GraphLowerer:
         role = self._role_of(op)
         if op.outputs and all(t.name in self.env for t in op.outputs):
             return  # bound by the caller (program inputs, branch arguments)
-        if op.type == "Fill" and _GRADIENT_SEED.search(op.name) and self.forced_role is None:
+        if fold.is_gradient_seed(op) and self.forced_role is None:
             shape = fold.static_shape(op.outputs[0])
             out = self.b.tensor(shape, op.outputs[0].dtype.name, op.outputs[0].name)
             kernel = self.b.kernel("gradient_seed", [], [out], {"value": 1.0}, role="gradient_seed", tf_op=op,
