@@ -1,0 +1,160 @@
+"""The simulated WSE executor: runs a compiled Program with numpy (never imports TensorFlow).
+
+One `Executor` holds the weights "on the wafer" between steps. A training
+step runs in three phases, which the IR's kernel roles make safe:
+
+1. every kernel except the optimizer-role and global_step_update kernels, in
+   program order: forward, the gradient seed, backward and state updates
+   (e.g. batch-norm moving averages); the gradient seed is multiplied by the
+   loss scale when a GradScaler is given;
+2. loss scaling: the tensors in `program.gradients` are unscaled and checked
+   (and clipped, if the scaler has max_gradient_norm); if any is not finite
+   the optimizer kernels are skipped, so no weight or optimizer slot changes;
+   then the optimizer-role kernels, in program order;
+3. the global-step update, which runs on every step.
+
+Phase 1 never reads what phase 2 writes: the constructor checks this on the
+program and refuses it otherwise. Half precision: the compiler's `to_half`
+kernels round their input to the half dtype (float32 storage); matmul/conv
+accumulate in float32; weights and updates stay float32.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+import numpy as np
+
+from cerebras_tf.amp import GradScaler, get_half_dtype, round_to_half
+from cerebras_tf.compiler import ir
+from cerebras_tf.wse.kernels import np_dtype, run_kernel
+
+_UPDATE_ROLES = ("optimizer", "global_step_update")
+
+
+@dataclasses.dataclass
+class StepResult:
+    """What a step streams back to the host."""
+
+    outputs: dict[str, np.ndarray]  # program.outputs keys: "loss", "host_call/<i>", "predictions/<key>"
+    finite: bool = True  # gradients were finite (the update was applied)
+    loss_scale: float | None = None  # the scale used for this step (None without a GradScaler)
+
+    @property
+    def loss(self) -> float | None:
+        loss = self.outputs.get("loss")
+        return None if loss is None else float(loss)
+
+
+class Executor:
+    """Runs `program` on numpy arrays; `variables` maps every program variable name to its value."""
+
+    def __init__(self, program: ir.Program, variables: Mapping[str, np.ndarray],
+                 grad_scaler: GradScaler | None = None, half_dtype: str | None = None) -> None:
+        missing = [v.name for v in program.variables if v.name not in variables]
+        if missing:
+            raise ValueError(f"no value for program variables {missing}")
+        self.program = program
+        self.grad_scaler = grad_scaler
+        self.half_dtype = half_dtype or get_half_dtype()
+        self._variables = {
+            v.name: np.array(variables[v.name], dtype=np_dtype(v.dtype), copy=True, order="C")
+            for v in program.variables
+        }
+        self._constants = {t.id: program.constant_value(t.id) for t in program.tensors if t.const is not None}
+        before = [k for k in program.kernels if k.role not in _UPDATE_ROLES]
+        self._phases = (
+            before,
+            [k for k in program.kernels if k.role == "optimizer"],
+            [k for k in program.kernels if k.role == "global_step_update"],
+        )
+        self._check_phases()
+        self._keep = set(program.outputs.values()) | set(program.gradients)
+        self._last_use = self._last_uses()
+
+    # ---- public -------------------------------------------------------------------
+    def variables(self) -> dict[str, np.ndarray]:
+        """A copy of every variable (downloading the weights from the wafer)."""
+        return {name: value.copy() for name, value in self._variables.items()}
+
+    @property
+    def global_step(self) -> int:
+        name = self.program.global_step
+        return int(self._variables[name]) if name else 0
+
+    def step(self, features: np.ndarray, labels: np.ndarray | None = None) -> StepResult:
+        """Run the program once on one batch."""
+        values: dict[int, np.ndarray] = {}
+        for key, array in (("features", features), ("labels", labels)):
+            if key in self.program.inputs:
+                tensor = self.program.tensors[self.program.inputs[key]]
+                if array is None:
+                    raise ValueError(f"the program needs {key} (shape {tensor.shape}), got None")
+                values[tensor.id] = self._as_input(key, array, tensor)
+        step = self.global_step
+        scale = self.grad_scaler.scale if self.grad_scaler is not None else None
+        self._run(self._phases[0], values, step, scale)
+        finite = True
+        if self._phases[1]:
+            finite = self._unscale_and_check(values)
+            if finite:
+                self._run(self._phases[1], values, step, scale)
+            if self.grad_scaler is not None:
+                self.grad_scaler.update(finite)
+        self._run(self._phases[2], values, step, scale)
+        outputs = {key: values[tid] for key, tid in self.program.outputs.items()}
+        return StepResult(outputs=outputs, finite=finite, loss_scale=scale)
+
+    # ---- internals ----------------------------------------------------------------
+    def _as_input(self, key: str, array: np.ndarray, tensor: ir.Tensor) -> np.ndarray:
+        array = np.asarray(array, dtype=np_dtype(tensor.dtype))
+        if list(array.shape) != list(tensor.shape):
+            raise ValueError(f"{key} has shape {list(array.shape)}, the compiled program expects {tensor.shape} "
+                             "(the batch size is fixed at compile time)")
+        return array
+
+    def _run(self, kernels: list[ir.Kernel], values: dict[int, np.ndarray], step: int,
+             scale: float | None) -> None:
+        for kernel in kernels:
+            inputs = [values[t] if t in values else self._constants[t] for t in kernel.inputs]
+            if kernel.kind == "gradient_seed":
+                out = self.program.tensors[kernel.outputs[0]]
+                value = kernel.attrs.get("value", 1.0) * (scale if scale is not None else 1.0)
+                outputs = [np.full(out.shape, value, dtype=np_dtype(out.dtype))]
+            elif kernel.kind == "to_half":
+                outputs = [round_to_half(np.asarray(inputs[0], dtype=np.float32), self.half_dtype)]
+            else:
+                outputs = run_kernel(kernel.kind, inputs, kernel.attrs,
+                                     [self._variables[name] for name in kernel.vars], step=step, salt=kernel.id)
+            for tid, value in zip(kernel.outputs, outputs):
+                values[tid] = value
+            for tid in kernel.inputs:
+                if self._last_use.get(tid) == kernel.id and tid not in self._keep:
+                    values.pop(tid, None)
+
+    def _unscale_and_check(self, values: dict[int, np.ndarray]) -> bool:
+        if self.grad_scaler is None:
+            return True
+        ids = self.program.gradients
+        result = self.grad_scaler.unscale_and_check([values[t] for t in ids])
+        values.update(zip(ids, result.grads))
+        return bool(result.finite)
+
+    def _check_phases(self) -> None:
+        written_later = {t for kernels in self._phases[1:] for k in kernels for t in k.outputs}
+        for kernel in self._phases[0]:
+            if set(kernel.inputs) & written_later:
+                raise ValueError(f"kernel {kernel.id} ({kernel.kind}, role {kernel.role}) reads a tensor produced "
+                                 "by an optimizer kernel: the program cannot be split for loss scaling")
+        missing = set(self.program.gradients) - {t for k in self._phases[0] for t in k.outputs}
+        if self._phases[1] and missing:
+            raise ValueError(f"gradient tensors {sorted(missing)} are not computed before the optimizer kernels")
+
+    def _last_uses(self) -> dict[int, int]:
+        last: dict[int, int] = {}
+        for kernels in self._phases:
+            for kernel in kernels:
+                for tid in kernel.inputs:
+                    last[tid] = kernel.id
+        return last
+

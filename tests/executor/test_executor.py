@@ -1,0 +1,131 @@
+"""The numpy executor runs compiled training programs with TensorFlow's numerics."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from cerebras_tf import CerebrasEstimator, CSRunConfig
+from cerebras_tf.amp import GradScaler, round_to_half
+from cerebras_tf.compiler import initial
+from cerebras_tf.precheck import precheck
+from cerebras_tf.wse.executor import Executor
+from estimator import ModeKeys
+
+BATCH, STEPS = 16, 12
+
+
+def _input_fn(params):
+    rng = np.random.RandomState(0)
+    x = rng.randn(256, 10).astype(np.float32)
+    y = (x[:, :3].sum(axis=1) > 0).astype(np.int32) + (x[:, 3] > 1).astype(np.int32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(BATCH, drop_remainder=True)
+
+
+def _model_fn(features, labels, mode, params):
+    init = tf.compat.v1.glorot_uniform_initializer(seed=3)
+    hidden = tf.compat.v1.layers.dense(features, 32, activation=tf.nn.relu, kernel_initializer=init, name="fc1")
+    hidden = tf.compat.v1.layers.dense(hidden, 16, activation=tf.nn.tanh, kernel_initializer=init, name="fc2")
+    logits = tf.compat.v1.layers.dense(hidden, 3, kernel_initializer=init, name="logits")
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+    optimizer = params.get("optimizer", "adam")
+    opt = (tf.compat.v1.train.AdamOptimizer(0.01) if optimizer == "adam"
+           else tf.compat.v1.train.MomentumOptimizer(0.05, 0.9))
+    train_op = opt.minimize(loss, global_step=tf.compat.v1.train.get_global_step())
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def _compiled(tmp_path, casts: bool, optimizer: str = "adam"):
+    estimator = CerebrasEstimator(_model_fn, model_dir=str(tmp_path / "model"),
+                                  config=CSRunConfig(cs_ip="localhost:9000", tf_random_seed=1),
+                                  params={"optimizer": optimizer})
+    model = precheck(estimator, _input_fn, ModeKeys.TRAIN)
+    result = estimator.compile(_input_fn, validate_only=not casts)
+    return model, result.program, initial.initial_values(model, result.program)
+
+
+def _tensorflow_reference(model, steps: int):
+    """Run the captured graph itself in TF: the batches it drew, its losses and final variables."""
+    graph = model.graph
+    with graph.as_default():
+        iterator_init = [op for op in graph.get_operations() if op.type == "MakeIterator"]
+        variables = tf.compat.v1.global_variables()
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run([tf.compat.v1.global_variables_initializer(), iterator_init])
+            runs = [session.run([model.features, model.labels, model.spec.loss, model.spec.train_op])
+                    for _ in range(steps)]
+            final = dict(zip([v.op.name for v in variables], session.run(variables)))
+    return [(f, l) for f, l, _, _ in runs], [loss for _, _, loss, _ in runs], final
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "momentum"])
+def test_float32_training_matches_tensorflow_step_by_step(tmp_path, optimizer):
+    model, program, start = _compiled(tmp_path, casts=False, optimizer=optimizer)
+    batches, tf_losses, tf_final = _tensorflow_reference(model, STEPS)
+    executor = Executor(program, start)
+    losses = [executor.step(f, l).loss for f, l in batches]
+    np.testing.assert_allclose(losses, tf_losses, rtol=1e-5)
+    final = executor.variables()
+    assert executor.global_step == STEPS
+    for name, value in tf_final.items():
+        np.testing.assert_allclose(final[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_half_precision_rounds_matmul_inputs_and_still_learns(tmp_path):
+    model, program, start = _compiled(tmp_path, casts=True)
+    assert any(k.kind == "to_half" for k in program.kernels)
+    batches, tf_losses, _ = _tensorflow_reference(model, 40)
+    executor = Executor(program, start, grad_scaler=GradScaler(loss_scale="dynamic"), half_dtype="float16")
+    losses = [executor.step(f, l).loss for f, l in batches]
+    assert losses[0] == pytest.approx(tf_losses[0], rel=1e-2)  # only rounding differs
+    assert not np.allclose(losses[:5], tf_losses[:5], rtol=1e-7)  # ... but it does differ
+    assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5])
+
+
+def test_an_overflowing_step_changes_no_weight_and_lowers_the_scale(tmp_path):
+    model, program, start = _compiled(tmp_path, casts=True)
+    batches, _, _ = _tensorflow_reference(model, 3)
+    scaler = GradScaler(loss_scale="dynamic", init_scale=2.0**15, steps_per_increase=1000)
+    executor = Executor(program, start, grad_scaler=scaler, half_dtype="float16")
+    executor.step(*batches[0])
+    before = executor.variables()
+    features, labels = batches[1]
+    result = executor.step(np.full_like(features, 6e4), labels)  # float16 activations overflow
+    assert not result.finite
+    after = executor.variables()
+    changed = [name for name in before if not np.array_equal(before[name], after[name])]
+    assert changed == [program.global_step]  # only the step counter moved
+    assert scaler.scale == 2.0**14
+    assert executor.step(*batches[2]).finite  # training goes on
+
+
+def test_wrong_batch_shape_is_refused_with_the_compiled_shape(tmp_path):
+    _, program, start = _compiled(tmp_path, casts=False)
+    with pytest.raises(ValueError, match=r"features has shape \[3, 10\].*\[16, 10\]"):
+        Executor(program, start).step(np.zeros((3, 10), np.float32), np.zeros(3, np.int32))
+
+
+def test_round_to_half_is_what_to_half_kernels_apply():
+    x = np.array([1.0 + 2.0**-12, 65519.0, 1e-8], np.float32)
+    np.testing.assert_array_equal(round_to_half(x, "float16"), x.astype(np.float16).astype(np.float32))
+
+
+def test_the_gradient_seed_drives_every_gradient(tmp_path):
+    """Loss scaling multiplies the seed: with a doubled seed, the first momentum update doubles exactly."""
+    model, program, start = _compiled(tmp_path, casts=False, optimizer="momentum")
+    batches, _, _ = _tensorflow_reference(model, 1)
+    plain = Executor(program, start)
+    plain.step(*batches[0])
+    program.kernels[program.gradient_seed].attrs["value"] = 2.0
+    doubled = Executor(program, start)
+    doubled.step(*batches[0])
+    for variable in program.variables:
+        if variable.role == "trainable":
+            delta = plain.variables()[variable.name] - start[variable.name]
+            np.testing.assert_allclose(doubled.variables()[variable.name] - start[variable.name], 2 * delta,
+                                       rtol=1e-4, atol=1e-7, err_msg=variable.name)
+            assert np.abs(delta).max() > 0
