@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from cerebras_tf import rules
 from cerebras_tf.compiler.driver import CompileResult, compile_model
+from cerebras_tf.cs_training import train_on_system
 from cerebras_tf.errors import SystemUnavailableError, raise_problems
 from cerebras_tf.precheck import precheck
 from cerebras_tf.run_config import CSRunConfig
@@ -96,7 +97,8 @@ class CerebrasEstimator(EstimatorBase):
         problems = rules.run.check_train_call(hooks, steps, max_steps, saving_listeners)
         problems += rules.config.check_tf_config()
         self._announce_system("Training")
-        self._run_on_system(precheck(self, input_fn, ModeKeys.TRAIN, problems))
+        model = precheck(self, input_fn, ModeKeys.TRAIN, problems)
+        train_on_system(self, model, input_fn, steps, max_steps)
         return self
 
     def evaluate(
@@ -182,10 +184,9 @@ class CerebrasEstimator(EstimatorBase):
 
     def _run_on_system(self, model: CapturedModel) -> Any:
         raise SystemUnavailableError(
-            f"The model passed every CS-system rule, but running a {model.input.mode} program on the simulated "
-            "WSE is not available in this version of cerebras-tf.",
-            fix="Run on CPU/GPU with use_cs=False (or cs_ip=None), or use compile(validate_only=True) "
-            "to check the model.",
+            f"The model passed every CS-system rule, but running the {model.input.mode} program on the simulated "
+            "WSE is not available in this version of cerebras-tf (training is).",
+            fix="Evaluate the checkpoint on CPU/GPU with use_cs=False (the default).",
         )
 
 

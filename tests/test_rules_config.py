@@ -101,8 +101,8 @@ def test_missing_tf_config_is_refused_with_a_valid_value_that_then_works(
     error = assert_refused(estimator, errors.ConfigError, lambda: estimator.train(make_input_fn(), max_steps=5),
                            "The TF_CONFIG environment variable must be set for training on the CS system")
     tf_config.set(_valid_tf_config_in(str(error)))
-    assert_refused(estimator, errors.SystemUnavailableError, lambda: estimator.train(make_input_fn(), max_steps=5),
-                   "passed every CS-system rule")
+    estimator.train(make_input_fn(), max_steps=5)  # now every rule passes: it trains on the simulated WSE
+    assert tf.train.latest_checkpoint(estimator.model_dir).endswith("model.ckpt-5")
 
 
 @pytest.mark.parametrize("value, fragment", [

@@ -183,5 +183,5 @@ def test_a_model_that_passes_every_rule_validates_and_reaches_the_system(
     estimator = make_estimator(make_model_fn(host_call="list"))  # metrics through host_call are fine on CS
     result = estimator.compile(make_input_fn(), validate_only=True)
     assert result.validate_only and result.artifact_dir is None
-    assert_refused(estimator, errors.SystemUnavailableError, lambda: estimator.train(make_input_fn(), max_steps=5),
-                   "The model passed every CS-system rule")
+    estimator.train(make_input_fn(), max_steps=5)
+    assert tf.train.latest_checkpoint(estimator.model_dir).endswith("model.ckpt-5")

@@ -93,7 +93,8 @@ class Executor:
                 values[tensor.id] = self._as_input(key, array, tensor)
         step = self.global_step
         scale = self.grad_scaler.scale if self.grad_scaler is not None else None
-        self._run(self._phases[0], values, step, scale)
+        with np.errstate(over="ignore", invalid="ignore"):  # non-finite values are the GradScaler's to handle
+            self._run(self._phases[0], values, step, scale)
         finite = True
         if self._phases[1]:
             finite = self._unscale_and_check(values)

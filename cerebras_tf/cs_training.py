@@ -1,0 +1,119 @@
+"""The chief's side of a training run on the simulated CS system.
+
+compile (reusing the artifact) -> variables from the latest checkpoint in
+model_dir, else TF's initial values -> for each step pull one numpy batch from
+input_fn's dataset, run it on the Executor (dynamic loss scaling), log like
+the Estimator, write loss summaries -> at save_checkpoints_steps and at the
+end write a standard TF checkpoint of every variable, which plain
+tf.estimator.Estimator.evaluate/predict/export_saved_model read.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import tensorflow as tf
+
+from cerebras_tf.amp import GradScaler
+from cerebras_tf.compiler import initial, ir
+from cerebras_tf.compiler.driver import compile_model
+from cerebras_tf.wse.executor import Executor
+from cerebras_tf.wse.fabric import WSE2
+from estimator import CapturedModel, EstimatorBase
+
+_log = tf.compat.v1.logging
+
+
+def train_on_system(estimator: EstimatorBase, model: CapturedModel, input_fn: Callable[..., Any],
+                    steps: int | None, max_steps: int | None) -> int:
+    """Train `model` (prechecked) on the simulated WSE; returns the final global step."""
+    config = estimator.config
+    program = compile_model(model, compile_dir=getattr(estimator, "compile_dir", None),
+                            system_name=getattr(config, "system_name", None),
+                            fabric=getattr(config, "fabric", WSE2)).program
+    checkpoints = CheckpointWriter(program, estimator.model_dir, config.keep_checkpoint_max)
+    executor = Executor(program, checkpoints.starting_values(model), grad_scaler=GradScaler(loss_scale="dynamic"))
+    first = executor.global_step
+    last = max_steps if max_steps is not None else first + steps
+    if first >= last:
+        _log.info("Skipping training since max_steps has already saved (global step %d).", first)
+        return first
+    batches = numpy_batches(input_fn, estimator.params)
+    writer = tf.summary.create_file_writer(estimator.model_dir)
+    every = max(1, config.log_step_count_steps or 100)
+    save_every = config.save_checkpoints_steps
+    started, window_start, window_step = time.perf_counter(), time.perf_counter(), first
+    batch_size = None
+    result = None
+    while executor.global_step < last:
+        features, labels = next(batches)
+        batch_size = len(features)
+        result = executor.step(features, labels)
+        step = executor.global_step
+        if step % every == 0 or step == last:
+            now = time.perf_counter()
+            rate = (step - window_step) / max(now - window_start, 1e-9)
+            window_start, window_step = now, step
+            _log.info("loss = %g, step = %d (%.1f global_step/sec, loss scale %g)", result.loss, step, rate,
+                      result.loss_scale)
+            with writer.as_default():
+                tf.summary.scalar("loss", result.loss, step=step)
+                tf.summary.scalar("loss_scale", result.loss_scale, step=step)
+                tf.summary.scalar("global_step/sec", rate, step=step)
+                tf.summary.scalar("samples/sec", rate * batch_size, step=step)
+        if save_every and step % save_every == 0 and step != last:
+            checkpoints.save(executor.variables(), step)
+    checkpoints.save(executor.variables(), executor.global_step)
+    writer.flush()
+    _log.info("Loss for final step: %g. Trained steps %d-%d in %.1f s on the simulated WSE.",
+              result.loss, first + 1, executor.global_step, time.perf_counter() - started)
+    return executor.global_step
+
+
+def numpy_batches(input_fn: Callable[..., Any], params: dict[str, Any]) -> Iterator[tuple[np.ndarray, Any]]:
+    """(features, labels) numpy batches from input_fn(params), built eagerly (the input worker's job)."""
+    with tf.init_scope():  # eager, even if called inside a graph
+        dataset = input_fn(params)
+        for element in dataset.as_numpy_iterator():
+            yield (element if isinstance(element, tuple) else (element, None))
+
+
+class CheckpointWriter:
+    """Writes every program variable, under its TF name, as a standard TF checkpoint in model_dir."""
+
+    def __init__(self, program: ir.Program, model_dir: str, keep_checkpoint_max: int | None) -> None:
+        self.program = program
+        self.model_dir = model_dir
+        self._graph = tf.Graph()
+        with self._graph.as_default():
+            self._feeds = {v.name: tf.compat.v1.placeholder(v.dtype, v.shape) for v in program.variables}
+            variables = {v.name: tf.compat.v1.Variable(self._feeds[v.name], name=v.name, trainable=False)
+                         for v in program.variables}
+            self._init = tf.compat.v1.variables_initializer(list(variables.values()))
+            self._saver = tf.compat.v1.train.Saver(variables, max_to_keep=keep_checkpoint_max, save_relative_paths=True)
+        self._session = tf.compat.v1.Session(graph=self._graph)
+        state = tf.train.get_checkpoint_state(model_dir)
+        if state is not None:
+            self._saver.recover_last_checkpoints(list(state.all_model_checkpoint_paths))
+
+    def starting_values(self, model: CapturedModel) -> dict[str, np.ndarray]:
+        """The latest checkpoint's values (resume), the rest from the graph's initializers."""
+        values = initial.initial_values(model, self.program)
+        latest = tf.train.latest_checkpoint(self.model_dir)
+        if latest is not None:
+            reader = tf.train.load_checkpoint(latest)
+            stored = reader.get_variable_to_shape_map()
+            values.update({name: reader.get_tensor(name) for name in values if name in stored})
+            _log.info("Restoring the simulated WSE's weights from %s.", latest)
+        return values
+
+    def save(self, values: dict[str, np.ndarray], step: int) -> str:
+        """Write model.ckpt-<step>; the `checkpoint` index is updated last, so a crash leaves the previous one."""
+        with self._graph.as_default():
+            self._session.run(self._init, {self._feeds[name]: value for name, value in values.items()})
+            path = self._saver.save(self._session, os.path.join(self.model_dir, "model.ckpt"), global_step=step,
+                                    write_meta_graph=False)
+        _log.info("Saving checkpoints for %d into %s.", step, path)
+        return path

@@ -1,0 +1,66 @@
+"""train(use_cs=True) runs on the simulated WSE and writes checkpoints plain TF reads."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import glob
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from cerebras_tf import CerebrasEstimator, CSRunConfig, set_default_tf_config
+from test_executor import _input_fn, _model_fn  # the same small MLP as the executor tests
+
+
+@pytest.fixture(autouse=True)
+def _tf_config(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    set_default_tf_config()
+
+
+def _estimator(model_dir, **config):
+    config.setdefault("save_checkpoints_steps", 100)
+    return CerebrasEstimator(_model_fn, model_dir=str(model_dir),
+                             config=CSRunConfig(cs_ip="localhost:9000", tf_random_seed=1, **config), params={})
+
+
+def test_training_on_the_system_learns_and_plain_tensorflow_reads_the_checkpoint(tmp_path):
+    estimator = _estimator(tmp_path)
+    estimator.train(_input_fn, max_steps=150)
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-150")
+    assert os.path.exists(tmp_path / "model.ckpt-100.index")  # save_checkpoints_steps
+
+    plain = tf.estimator.Estimator(_model_fn, model_dir=str(tmp_path), params={})
+    before = CerebrasEstimator(_model_fn, model_dir=str(tmp_path / "untrained"), params={})
+    before.train(_input_fn, max_steps=1)
+    metrics = plain.evaluate(_input_fn, steps=4)
+    untrained = before.evaluate(_input_fn, steps=4)
+    assert metrics["global_step"] == 150
+    assert metrics["loss"] < 0.7 * untrained["loss"]
+    names = set(plain.get_variable_names())
+    assert {"fc1/kernel", "fc1/kernel/Adam", "fc1/kernel/Adam_1", "beta1_power", "global_step"} <= names
+    events = glob.glob(str(tmp_path / "events.out.tfevents.*"))
+    tags = {value.tag for path in events for event in tf.compat.v1.train.summary_iterator(path)
+            for value in event.summary.value}
+    assert {"loss", "loss_scale", "global_step/sec", "samples/sec"} <= tags
+
+
+def test_training_resumes_from_the_latest_checkpoint(tmp_path):
+    estimator = _estimator(tmp_path)
+    estimator.train(_input_fn, max_steps=20)
+    at_20 = {name: estimator.get_variable_value(name) for name in estimator.get_variable_names()}
+    estimator.train(_input_fn, steps=10)
+    assert estimator.get_variable_value("global_step") == 30
+    moved = [name for name in at_20 if not np.array_equal(at_20[name], estimator.get_variable_value(name))]
+    assert "fc1/kernel" in moved  # continued from step 20's weights, not from scratch
+    estimator.train(_input_fn, max_steps=30)  # already there: nothing to do
+    assert estimator.get_variable_value("global_step") == 30
+
+
+def test_keep_checkpoint_max_is_honoured(tmp_path):
+    _estimator(tmp_path, keep_checkpoint_max=2).train(_input_fn, max_steps=400)
+    kept = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "model.ckpt-*.index")))
+    assert kept == ["model.ckpt-300.index", "model.ckpt-400.index"]
