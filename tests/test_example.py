@@ -29,6 +29,13 @@ def test_cpu_train_and_eval_learns_the_digits(params, tmp_path):
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-300")
 
 
+def test_training_on_the_simulated_wse_then_evaluating_on_cpu(params, tmp_path):
+    example.run("train", params=params, model_dir=str(tmp_path), cs_ip="localhost:9000")
+    metrics = example.run("eval", params=params, model_dir=str(tmp_path))
+    assert metrics["global_step"] == 300
+    assert metrics["accuracy"] > 0.85
+
+
 def test_validate_only_on_a_cs_system_passes_and_writes_nothing(params, tmp_path, monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     model_dir = tmp_path / "model"
