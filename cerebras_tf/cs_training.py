@@ -10,6 +10,7 @@ tf.estimator.Estimator.evaluate/predict/export_saved_model read.
 from __future__ import annotations
 
 import os
+import re
 import time
 from typing import Any, Callable, Iterator
 
@@ -19,6 +20,7 @@ import tensorflow as tf
 from cerebras_tf.amp import GradScaler
 from cerebras_tf.compiler import initial, ir
 from cerebras_tf.compiler.driver import compile_model
+from cerebras_tf.errors import UnsupportedTensorFlowError
 from cerebras_tf.wse.executor import Executor
 from cerebras_tf.wse.fabric import WSE2
 from estimator import CapturedModel, EstimatorBase
@@ -34,7 +36,8 @@ def train_on_system(estimator: EstimatorBase, model: CapturedModel, input_fn: Ca
                             system_name=getattr(config, "system_name", None),
                             fabric=getattr(config, "fabric", WSE2)).program
     checkpoints = CheckpointWriter(program, estimator.model_dir, config.keep_checkpoint_max)
-    executor = Executor(program, checkpoints.starting_values(model), grad_scaler=GradScaler(loss_scale="dynamic"))
+    values = checkpoints.starting_values(model, getattr(estimator, "warm_start_settings", None))
+    executor = Executor(program, values, grad_scaler=GradScaler(loss_scale="dynamic"))
     first = executor.global_step
     last = max_steps if max_steps is not None else first + steps
     if first >= last:
@@ -80,6 +83,36 @@ def numpy_batches(input_fn: Callable[..., Any], params: dict[str, Any]) -> Itera
             yield (element if isinstance(element, tuple) else (element, None))
 
 
+def warm_start_values(settings: Any, program: ir.Program) -> dict[str, np.ndarray]:
+    """Values a tf.estimator.WarmStartSettings selects, with TF's selection rules: a regex matches
+    trainable variables, a list of names/prefixes matches any variable; renames via
+    var_name_to_prev_var_name. Vocabulary remapping is refused."""
+    if settings.var_name_to_vocab_info:
+        raise UnsupportedTensorFlowError(
+            "warm_start_from with var_name_to_vocab_info (vocabulary remapping) is not supported on the CS system.",
+            fix="Remap the embedding once on CPU (warm-start a CPU run and save), then warm-start from that checkpoint.")
+    path = settings.ckpt_to_initialize_from
+    if tf.io.gfile.isdir(path):
+        saved_model_variables = os.path.join(path, "variables", "variables")
+        path = (saved_model_variables if tf.io.gfile.exists(saved_model_variables + ".index")
+                else tf.train.latest_checkpoint(path))
+    if not path:
+        raise UnsupportedTensorFlowError(f"warm_start_from={settings.ckpt_to_initialize_from!r} holds no checkpoint.",
+                                         fix="Point warm_start_from at a checkpoint, its directory or a SavedModel.")
+    wanted = settings.vars_to_warm_start
+    if wanted is None or isinstance(wanted, str):
+        pattern = re.compile(wanted or ".*")
+        chosen = [v.name for v in program.variables if v.trainable and pattern.match(v.name)]
+    else:
+        patterns = [re.compile(w if isinstance(w, str) else w.op.name) for w in wanted]
+        chosen = [v.name for v in program.variables if any(p.match(v.name) for p in patterns)]
+    reader = tf.train.load_checkpoint(path)
+    renames = settings.var_name_to_prev_var_name or {}
+    values = {name: reader.get_tensor(renames.get(name, name)) for name in chosen}
+    _log.info("Warm-starting %d variables of the simulated WSE from %s.", len(values), path)
+    return values
+
+
 class CheckpointWriter:
     """Writes every program variable, under its TF name, as a standard TF checkpoint in model_dir."""
 
@@ -98,8 +131,8 @@ class CheckpointWriter:
         if state is not None:
             self._saver.recover_last_checkpoints(list(state.all_model_checkpoint_paths))
 
-    def starting_values(self, model: CapturedModel) -> dict[str, np.ndarray]:
-        """The latest checkpoint's values (resume), the rest from the graph's initializers."""
+    def starting_values(self, model: CapturedModel, warm_start: Any = None) -> dict[str, np.ndarray]:
+        """Resume from the latest checkpoint in model_dir; else warm-start; the rest from the initializers."""
         values = initial.initial_values(model, self.program)
         latest = tf.train.latest_checkpoint(self.model_dir)
         if latest is not None:
@@ -107,6 +140,8 @@ class CheckpointWriter:
             stored = reader.get_variable_to_shape_map()
             values.update({name: reader.get_tensor(name) for name in values if name in stored})
             _log.info("Restoring the simulated WSE's weights from %s.", latest)
+        elif warm_start is not None:
+            values.update(warm_start_values(warm_start, self.program))
         return values
 
     def save(self, values: dict[str, np.ndarray], step: int) -> str:

@@ -34,3 +34,8 @@ class EstimatorBase(Estimator):
     def user_model_fn(self) -> Any:
         """The model_fn exactly as the user passed it."""
         return self._model_fn
+
+    @property
+    def warm_start_settings(self) -> Any:
+        """The tf.estimator.WarmStartSettings built from warm_start_from (None if not given)."""
+        return self._warm_start_settings

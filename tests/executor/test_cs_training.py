@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cerebras_tf import CerebrasEstimator, CSRunConfig, set_default_tf_config
+from cerebras_tf import CerebrasEstimator, CSRunConfig, cs_training, set_default_tf_config
 from test_executor import _input_fn, _model_fn  # the same small MLP as the executor tests
 
 
@@ -64,3 +64,23 @@ def test_keep_checkpoint_max_is_honoured(tmp_path):
     _estimator(tmp_path, keep_checkpoint_max=2).train(_input_fn, max_steps=400)
     kept = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "model.ckpt-*.index")))
     assert kept == ["model.ckpt-300.index", "model.ckpt-400.index"]
+
+
+def test_warm_start_from_a_checkpoint_copies_the_trainable_weights(tmp_path, monkeypatch):
+    source = _estimator(tmp_path / "source")
+    source.train(_input_fn, max_steps=20)
+    warm = CerebrasEstimator(_model_fn, model_dir=str(tmp_path / "warm"), warm_start_from=str(tmp_path / "source"),
+                             config=CSRunConfig(cs_ip="localhost:9000", tf_random_seed=1,
+                                                save_checkpoints_steps=100), params={})
+    spy = {}
+    original = cs_training.warm_start_values
+
+    def recording(settings, program):
+        spy.update(original(settings, program))
+        return spy
+
+    monkeypatch.setattr(cs_training, "warm_start_values", recording)
+    warm.train(_input_fn, max_steps=1)
+    assert set(spy) == {"fc1/kernel", "fc1/bias", "fc2/kernel", "fc2/bias", "logits/kernel", "logits/bias"}
+    np.testing.assert_array_equal(spy["fc1/kernel"], source.get_variable_value("fc1/kernel"))
+    assert warm.get_variable_value("global_step") == 1  # the step counter is not warm-started
