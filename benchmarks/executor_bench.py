@@ -1,0 +1,103 @@
+"""Executor host throughput: the simulated WSE (numpy, half-precision emulation) vs TensorFlow on this CPU.
+
+The same training step (MLP 784-500-300-10, batch 256, Adam) runs as
+  - TF: the captured Estimator graph in a tf.compat.v1.Session (the Estimator's inner loop);
+  - ours: cerebras_tf.wse.executor.Executor on the compiled program, float16 numerics with
+    dynamic loss scaling (and, for reference, the float32 program without casts).
+Each side runs in its own subprocess so peak RSS is its own.
+
+    .venv/bin/python benchmarks/executor_bench.py [--steps 100]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BATCH = 256
+
+
+def _measure(side: str, steps: int) -> dict:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import numpy as np
+    import tensorflow as tf
+
+    from cerebras_tf import CerebrasEstimator, CSRunConfig
+    from cerebras_tf.amp import GradScaler
+    from cerebras_tf.compiler import initial
+    from cerebras_tf.precheck import precheck
+    from cerebras_tf.wse.executor import Executor
+
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+
+    def input_fn(params):
+        rng = np.random.RandomState(0)
+        x = rng.rand(BATCH * 8, 784).astype(np.float32)
+        y = rng.randint(0, 10, BATCH * 8).astype(np.int32)
+        return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(BATCH, drop_remainder=True)
+
+    def model_fn(features, labels, mode, params):
+        hidden = tf.compat.v1.layers.dense(features, 500, activation=tf.nn.relu)
+        hidden = tf.compat.v1.layers.dense(hidden, 300, activation=tf.nn.relu)
+        logits = tf.compat.v1.layers.dense(hidden, 10)
+        loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
+        train_op = tf.compat.v1.train.AdamOptimizer(1e-3).minimize(
+            loss, global_step=tf.compat.v1.train.get_global_step())
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    estimator = CerebrasEstimator(model_fn, model_dir=tempfile.mkdtemp(), config=CSRunConfig(cs_ip="bench:1"))
+    model = precheck(estimator, input_fn, tf.estimator.ModeKeys.TRAIN)
+    batches = list(input_fn({}).take(8).as_numpy_iterator())
+    if side == "tf":
+        with model.graph.as_default(), tf.compat.v1.Session(graph=model.graph) as session:
+            session.run([tf.compat.v1.global_variables_initializer(),
+                         [op for op in model.graph.get_operations() if op.type == "MakeIterator"]])
+            fetches = [model.spec.loss, model.spec.train_op]
+            for _ in range(5):
+                session.run(fetches)
+            start = time.perf_counter()
+            for _ in range(steps):
+                session.run(fetches)
+            seconds = time.perf_counter() - start
+    else:
+        program = estimator.compile(input_fn, validate_only=side == "ours-float32").program
+        executor = Executor(program, initial.initial_values(model, program),
+                            grad_scaler=None if side == "ours-float32" else GradScaler(loss_scale="dynamic"))
+        for i in range(5):
+            executor.step(*batches[i % 8])
+        start = time.perf_counter()
+        for i in range(steps):
+            executor.step(*batches[i % 8])
+        seconds = time.perf_counter() - start
+    return {"steps_per_sec": steps / seconds, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--side", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.side:
+        sys.path.insert(0, ROOT)
+        print(json.dumps(_measure(args.side, args.steps)))
+        return
+    rows = {}
+    for side in ("tf", "ours-float16", "ours-float32"):
+        out = subprocess.run([sys.executable, __file__, "--side", side, "--steps", str(args.steps)],
+                             capture_output=True, text=True, check=True, cwd=ROOT)
+        rows[side] = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"MLP 784-500-300-10, batch {BATCH}, Adam, {args.steps} steps after 5 warm-up steps, 2-core CPU")
+    print(f"{'side':<14} {'steps/s':>9} {'vs TF':>7} {'peak RSS MB':>12}")
+    for side, row in rows.items():
+        ratio = row["steps_per_sec"] / rows["tf"]["steps_per_sec"]
+        print(f"{side:<14} {row['steps_per_sec']:>9.1f} {ratio:>6.2f}x {row['peak_rss_mb']:>12.0f}")
+
+
+if __name__ == "__main__":
+    main()
