@@ -98,7 +98,7 @@ class CerebrasEstimator(EstimatorBase):
         problems += rules.config.check_tf_config()
         self._announce_system("Training")
         model = precheck(self, input_fn, ModeKeys.TRAIN, problems)
-        train_on_system(self, model, input_fn, steps, max_steps)
+        train_on_system(self, model, self._compile(model, validate_only=False).program, input_fn, steps, max_steps)
         return self
 
     def evaluate(
@@ -168,7 +168,10 @@ class CerebrasEstimator(EstimatorBase):
         """
         if mode not in (ModeKeys.TRAIN, ModeKeys.EVAL):
             raise_problems(rules.run.check_predict_call())
-        model = precheck(self, input_fn, mode)
+        return self._compile(precheck(self, input_fn, mode), validate_only)
+
+    def _compile(self, model: CapturedModel, validate_only: bool) -> CompileResult:
+        """Compile a prechecked model for this estimator's system (reusing the artifact in compile_dir)."""
         result = compile_model(
             model,
             validate_only=validate_only,
@@ -178,8 +181,8 @@ class CerebrasEstimator(EstimatorBase):
         )
         _log.info("%s\n%s", "Validated" if validate_only else "Compiled", result.report)
         if result.placement is not None and not result.reused:
-            write_image_summary(os.path.join(self.model_dir, PLACEMENT_SUMMARY_DIR), f"placement/{mode}",
-                                result.placement.to_png())
+            write_image_summary(os.path.join(self.model_dir, PLACEMENT_SUMMARY_DIR),
+                                f"placement/{model.input.mode}", result.placement.to_png())
         return result
 
     def _run_on_system(self, model: CapturedModel) -> Any:

@@ -1,6 +1,6 @@
 """The chief's side of a training run on the simulated CS system.
 
-compile (reusing the artifact) -> variables from the latest checkpoint in
+Given the compiled program: variables from the latest checkpoint in
 model_dir, else TF's initial values -> for each step pull one numpy batch from
 input_fn's dataset, run it on the Executor (dynamic loss scaling), log like
 the Estimator, write loss summaries -> at save_checkpoints_steps and at the
@@ -19,22 +19,17 @@ import tensorflow as tf
 
 from cerebras_tf.amp import GradScaler
 from cerebras_tf.compiler import initial, ir
-from cerebras_tf.compiler.driver import compile_model
 from cerebras_tf.errors import UnsupportedTensorFlowError
 from cerebras_tf.wse.executor import Executor
-from cerebras_tf.wse.fabric import WSE2
 from estimator import CapturedModel, EstimatorBase
 
 _log = tf.compat.v1.logging
 
 
-def train_on_system(estimator: EstimatorBase, model: CapturedModel, input_fn: Callable[..., Any],
-                    steps: int | None, max_steps: int | None) -> int:
-    """Train `model` (prechecked) on the simulated WSE; returns the final global step."""
+def train_on_system(estimator: EstimatorBase, model: CapturedModel, program: ir.Program,
+                    input_fn: Callable[..., Any], steps: int | None, max_steps: int | None) -> int:
+    """Train `model` (prechecked, compiled to `program`) on the simulated WSE; returns the final global step."""
     config = estimator.config
-    program = compile_model(model, compile_dir=getattr(estimator, "compile_dir", None),
-                            system_name=getattr(config, "system_name", None),
-                            fabric=getattr(config, "fabric", WSE2)).program
     checkpoints = CheckpointWriter(program, estimator.model_dir, config.keep_checkpoint_max)
     values = checkpoints.starting_values(model, getattr(estimator, "warm_start_settings", None))
     executor = Executor(program, values, grad_scaler=GradScaler(loss_scale="dynamic"))
