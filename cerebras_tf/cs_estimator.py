@@ -9,8 +9,8 @@ import tensorflow as tf
 
 from cerebras_tf import rules
 from cerebras_tf.compiler.driver import CompileResult, compile_model
-from cerebras_tf.cs_training import train_on_system
-from cerebras_tf.errors import SystemUnavailableError, raise_problems
+from cerebras_tf.cs_training import checkpoint_to_evaluate, evaluate_on_system, train_on_system
+from cerebras_tf.errors import raise_problems
 from cerebras_tf.precheck import precheck
 from cerebras_tf.run_config import CSRunConfig
 from cerebras_tf.spec import to_plain_spec
@@ -115,7 +115,10 @@ class CerebrasEstimator(EstimatorBase):
             return super().evaluate(input_fn, steps=steps, hooks=hooks, checkpoint_path=checkpoint_path, name=name)
         self._announce_system("Evaluating")
         problems = rules.run.check_evaluate_call(hooks, steps)
-        return self._run_on_system(precheck(self, input_fn, ModeKeys.EVAL, problems))
+        model = precheck(self, input_fn, ModeKeys.EVAL, problems)
+        path = checkpoint_to_evaluate(self.model_dir, checkpoint_path)
+        program = self._compile(model, validate_only=False).program
+        return evaluate_on_system(self, model, program, input_fn, steps, path)
 
     def predict(
         self,
@@ -184,13 +187,6 @@ class CerebrasEstimator(EstimatorBase):
             write_image_summary(os.path.join(self.model_dir, PLACEMENT_SUMMARY_DIR),
                                 f"placement/{model.input.mode}", result.placement.to_png())
         return result
-
-    def _run_on_system(self, model: CapturedModel) -> Any:
-        raise SystemUnavailableError(
-            f"The model passed every CS-system rule, but running the {model.input.mode} program on the simulated "
-            "WSE is not available in this version of cerebras-tf (training is).",
-            fix="Evaluate the checkpoint on CPU/GPU with use_cs=False (the default).",
-        )
 
 
 def _take_batches(batches: Iterator[dict[str, Any]], num_samples: int) -> Iterator[Any]:

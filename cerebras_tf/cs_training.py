@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from cerebras_tf.amp import GradScaler
 from cerebras_tf.compiler import initial, ir
-from cerebras_tf.errors import UnsupportedTensorFlowError
+from cerebras_tf.errors import RunArgumentError, UnsupportedTensorFlowError
 from cerebras_tf.wse.executor import Executor
 from estimator import CapturedModel, EstimatorBase
 
@@ -147,3 +147,81 @@ class CheckpointWriter:
                                     write_meta_graph=False)
         _log.info("Saving checkpoints for %d into %s.", step, path)
         return path
+
+
+def checkpoint_to_evaluate(model_dir: str, checkpoint_path: str | None) -> str:
+    """The checkpoint an evaluation reads: checkpoint_path, else the latest in model_dir."""
+    path = checkpoint_path or tf.train.latest_checkpoint(model_dir)
+    if path is None:
+        raise RunArgumentError(
+            f"evaluate() on the CS system found no checkpoint in {model_dir}.",
+            fix="Train first (train(use_cs=True) writes checkpoints there), or pass checkpoint_path=.")
+    return path
+
+
+def evaluate_on_system(estimator: EstimatorBase, model: CapturedModel, program: ir.Program,
+                       input_fn: Callable[..., Any], steps: int, path: str) -> dict[str, Any]:
+    """Run the EVAL program `steps` batches from checkpoint `path`; host_call metrics are computed on the host.
+
+    Returns what Estimator.evaluate returns: the host_call metrics, the mean loss and global_step.
+    """
+    reader = tf.train.load_checkpoint(path)
+    values = initial.initial_values(model, program)
+    values.update({name: reader.get_tensor(name) for name in values if reader.has_tensor(name)})
+    executor = Executor(program, values)
+    global_step = int(reader.get_tensor("global_step")) if reader.has_tensor("global_step") else 0
+    host = HostMetrics(program, getattr(model.spec, "host_call", None))
+    batches = numpy_batches(input_fn, estimator.params)
+    losses = []
+    for _ in range(steps):
+        features, labels = next(batches)
+        outputs = executor.step(features, labels).outputs
+        losses.append(float(outputs["loss"]))
+        host.update(outputs)
+    metrics = {**host.result(), "loss": float(np.mean(losses)), "global_step": global_step}
+    writer = tf.summary.create_file_writer(os.path.join(estimator.model_dir, "eval"))
+    with writer.as_default():
+        for name, value in metrics.items():
+            if name != "global_step":
+                tf.summary.scalar(name, value, step=global_step)
+    writer.flush()
+    _log.info("Saving dict for global step %d: %s (evaluated on the simulated WSE from %s)", global_step,
+              ", ".join(f"{k} = {v}" for k, v in sorted(metrics.items())), path)
+    return metrics
+
+
+class HostMetrics:
+    """Runs host_call's fn on the host over the tensors each step streams off the wafer."""
+
+    def __init__(self, program: ir.Program, host_call: Any) -> None:
+        self._keys = [key for key in program.outputs if key.startswith("host_call/")]
+        self._graph = tf.Graph()
+        self._metrics: dict[str, Any] = {}
+        if host_call is None:
+            return
+        with self._graph.as_default():
+            self._feeds = {}
+            for key in self._keys:
+                tensor = program.tensors[program.outputs[key]]
+                dtype = "float32" if tensor.dtype == ir.HALF else tensor.dtype
+                self._feeds[key] = tf.compat.v1.placeholder(dtype, tensor.shape)
+            names = [key.split("/", 1)[1] for key in self._keys]
+            if program.host_call == "dict":
+                self._metrics = host_call[0](**{n: self._feeds[k] for n, k in zip(names, self._keys)})
+            else:
+                self._metrics = host_call[0](*[self._feeds[k] for k in self._keys])
+            self._session = tf.compat.v1.Session(graph=self._graph)
+            self._session.run(tf.compat.v1.local_variables_initializer())
+
+    def update(self, outputs: dict[str, np.ndarray]) -> None:
+        if self._metrics:
+            with self._graph.as_default():
+                self._session.run([update for _, update in self._metrics.values()],
+                                  {self._feeds[k]: outputs[k] for k in self._keys})
+
+    def result(self) -> dict[str, float]:
+        if not self._metrics:
+            return {}
+        with self._graph.as_default():
+            values = self._session.run({name: value for name, (value, _) in self._metrics.items()})
+        return {name: float(value) for name, value in values.items()}

@@ -63,12 +63,6 @@ class RunArgumentError(CerebrasError):
     tag = "[Invalid Run]"
 
 
-class SystemUnavailableError(CerebrasError):
-    """The simulated CS system cannot run this request in this version."""
-
-    tag = "[CS System]"
-
-
 class MultipleProblemsError(CerebrasError):
     """Several rules failed at once; `problems` holds each error."""
 

@@ -94,9 +94,9 @@ def test_missing_repeat_is_refused_for_training_by_compile_even_without_a_cs_ip(
 def test_finite_data_is_fine_for_evaluation(make_estimator, make_input_fn, assert_refused, repeat):
     estimator = make_estimator()
     estimator.compile(make_input_fn(repeat=repeat), mode=ModeKeys.EVAL, validate_only=True)
-    assert_refused(estimator, errors.SystemUnavailableError,
+    assert_refused(estimator, errors.RunArgumentError,  # every rule passed: only the checkpoint is missing
                    lambda: estimator.evaluate(make_input_fn(repeat=repeat), steps=2, use_cs=True),
-                   "passed every CS-system rule", "eval program")
+                   "evaluate() on the CS system found no checkpoint")
 
 
 # --------------------------------------------------------------------------- rule 5

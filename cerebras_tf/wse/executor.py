@@ -80,7 +80,7 @@ class Executor:
     @property
     def global_step(self) -> int:
         name = self.program.global_step
-        return int(self._variables[name]) if name else 0
+        return int(self._variables[name]) if name in self._variables else 0
 
     def step(self, features: np.ndarray, labels: np.ndarray | None = None) -> StepResult:
         """Run the program once on one batch."""

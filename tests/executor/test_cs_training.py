@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cerebras_tf import CerebrasEstimator, CSRunConfig, cs_training, set_default_tf_config
+from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, cs_training, set_default_tf_config
 from test_executor import _input_fn, _model_fn  # the same small MLP as the executor tests
 
 
@@ -84,3 +84,21 @@ def test_warm_start_from_a_checkpoint_copies_the_trainable_weights(tmp_path, mon
     assert set(spy) == {"fc1/kernel", "fc1/bias", "fc2/kernel", "fc2/bias", "logits/kernel", "logits/bias"}
     np.testing.assert_array_equal(spy["fc1/kernel"], source.get_variable_value("fc1/kernel"))
     assert warm.get_variable_value("global_step") == 1  # the step counter is not warm-started
+
+
+def test_evaluate_on_the_system_computes_host_call_metrics_like_the_estimator(tmp_path):
+    def model_fn(features, labels, mode, params):
+        spec = _model_fn(features, labels, mode, params)
+        logits = tf.compat.v1.get_default_graph().get_tensor_by_name("logits/BiasAdd:0")
+        metric = lambda l, y: {"accuracy": tf.compat.v1.metrics.accuracy(y, tf.argmax(l, 1))}  # noqa: E731
+        return CSEstimatorSpec(mode, loss=spec.loss, train_op=spec.train_op, host_call=(metric, [logits, labels]))
+
+    config = CSRunConfig(cs_ip="localhost:9000", tf_random_seed=1, save_checkpoints_steps=100)
+    estimator = CerebrasEstimator(model_fn, model_dir=str(tmp_path), config=config, params={})
+    estimator.train(_input_fn, max_steps=60)
+    on_system = estimator.evaluate(_input_fn, steps=4, use_cs=True)
+    on_cpu = estimator.evaluate(_input_fn, steps=4)
+    assert on_system["global_step"] == on_cpu["global_step"] == 60
+    assert on_system["accuracy"] == pytest.approx(on_cpu["accuracy"], abs=2 / 64)  # half precision may flip one
+    assert on_system["loss"] == pytest.approx(on_cpu["loss"], rel=2e-2)
+    assert glob.glob(str(tmp_path / "eval" / "events.out.tfevents.*"))
