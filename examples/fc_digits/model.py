@@ -23,19 +23,31 @@ def _optimizer(config: dict[str, Any]) -> tf.compat.v1.train.Optimizer:
 
 
 def build_eval_metric_ops(logits: tf.Tensor, labels: tf.Tensor) -> dict[str, Any]:
-    """Runs on the host over tensors streamed off the wafer."""
+    """host_call fn: accuracy, run on the host over the logits and labels streamed off the wafer."""
     return {"accuracy": tf.compat.v1.metrics.accuracy(labels, tf.argmax(logits, axis=-1))}
 
 
-def model_fn(features: tf.Tensor, labels: tf.Tensor, mode: str, params: dict[str, Any]) -> CSEstimatorSpec:
+def model_fn(features: tf.Tensor, labels: tf.Tensor | None, mode: str, params: dict[str, Any]) -> CSEstimatorSpec:
+    """MLP (params["model"]: hidden_sizes, activation, dropout, num_classes) with softmax cross entropy.
+
+    TRAIN: train_op from params["optimizer"]. EVAL: accuracy through host_call
+    (no eval_metric_ops, a CS-system rule). PREDICT: classes and probabilities.
+    """
     config = params["model"]
+    if config["activation"] not in _ACTIVATIONS:
+        raise ValueError(f"params model.activation={config['activation']!r}: choose one of {sorted(_ACTIVATIONS)}.")
     activation = _ACTIVATIONS[config["activation"]]
     training = mode == ModeKeys.TRAIN
+    # An explicit tf.compat.v1 initializer: the Keras default behind tf.compat.v1.layers ignores the graph
+    # seed in TF 2.15, so runconfig.tf_random_seed would not make runs reproducible.
+    initializer = tf.compat.v1.glorot_uniform_initializer()
     hidden = features
     for index, size in enumerate(config["hidden_sizes"]):
-        hidden = tf.compat.v1.layers.dense(hidden, size, activation=activation, name=f"fc{index}")
+        hidden = tf.compat.v1.layers.dense(hidden, size, activation=activation, kernel_initializer=initializer,
+                                           name=f"fc{index}")
         hidden = tf.compat.v1.layers.dropout(hidden, rate=config["dropout"], training=training)
-    logits = tf.compat.v1.layers.dense(hidden, config["num_classes"], name="fc_output")
+    logits = tf.compat.v1.layers.dense(hidden, config["num_classes"], kernel_initializer=initializer,
+                                       name="fc_output")
 
     if mode == ModeKeys.PREDICT:
         predictions = {"classes": tf.argmax(logits, axis=-1), "probabilities": tf.nn.softmax(logits)}
