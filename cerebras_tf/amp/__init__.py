@@ -1,11 +1,13 @@
 """Mixed precision for the simulated WSE (numpy only; never imports TensorFlow).
 
-Half dtypes (``float16`` default, ``bfloat16``, ``cbfloat16``) with
+Half dtypes (``float16`` default, ``bfloat16``, ``cbfloat16``; ``"float32"``
+turns half rounding off for parity checks) with
 :func:`set_half_dtype` / :func:`get_half_dtype` / :func:`round_to_half`, and
 loss scaling with :class:`GradScaler` (static or dynamic, optional global
 gradient clipping), following the Cerebras ``amp`` contract.
 """
 from cerebras_tf.amp.dtypes import (
+    FLOAT32_MODE,
     HALF_DTYPES,
     HalfFormat,
     get_half_dtype,
@@ -22,6 +24,7 @@ from cerebras_tf.amp.grad_scaler import (
 )
 
 __all__ = [
+    "FLOAT32_MODE",
     "HALF_DTYPES",
     "GradScaler",
     "HalfFormat",

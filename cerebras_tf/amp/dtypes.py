@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "FLOAT32_MODE",
     "HALF_DTYPES",
     "HalfFormat",
     "get_half_dtype",
@@ -41,6 +42,7 @@ __all__ = [
 ]
 
 HALF_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "cbfloat16")
+FLOAT32_MODE = "float32"  # no half rounding at all: the simulator computes in float32, for parity checks against TF
 
 _F32_MANTISSA_BITS = 23
 _ABS_MASK = np.uint32(0x7FFFFFFF)
@@ -90,6 +92,7 @@ _FORMATS: dict[str, HalfFormat] = {
     "float16": _make_format("float16", 5, 10),
     "bfloat16": _make_format("bfloat16", 8, 7),
     "cbfloat16": _make_format("cbfloat16", 6, 9),
+    FLOAT32_MODE: _make_format(FLOAT32_MODE, 8, 23),
 }
 
 _half_dtype: str = "float16"
@@ -106,11 +109,11 @@ def _canonical(value: Any) -> str:
             name = np.dtype(value).name
         except (TypeError, ValueError):
             name = None
-        if name in ("float16", "bfloat16"):
+        if name in ("float16", "bfloat16", FLOAT32_MODE):
             return name
     raise ValueError(
         f"Unsupported half dtype {value!r}: choose one of "
-        f"{', '.join(repr(n) for n in HALF_DTYPES)}."
+        f"{', '.join(repr(n) for n in HALF_DTYPES)}, or {FLOAT32_MODE!r} for float32 numerics (no half rounding)."
     )
 
 
@@ -118,8 +121,11 @@ def set_half_dtype(value: Any) -> str:
     """Select the half dtype used by the simulated WSE; returns its canonical name.
 
     Accepts ``"float16"`` (default), ``"bfloat16"`` or ``"cbfloat16"`` (case
-    insensitive), or the numpy float16 / ml_dtypes bfloat16 dtype. Anything else
-    raises ``ValueError`` listing the choices.
+    insensitive), or the numpy float16 / ml_dtypes bfloat16 dtype. ``"float32"``
+    (or ``np.float32``) selects float32 numerics: nothing is rounded, so a run
+    on the simulated WSE can be checked step by step against TensorFlow on CPU.
+    Anything else raises ``ValueError`` listing the choices. Takes effect for
+    executors created afterwards (each run reads it when it starts).
     """
     global _half_dtype
     _half_dtype = _canonical(value)
@@ -192,6 +198,8 @@ def round_to_half(x: Any, dtype: str | None = None) -> np.ndarray:
     """
     fmt = half_format(dtype)
     arr = np.asarray(x, dtype=np.float32)
+    if fmt.name == FLOAT32_MODE:
+        return arr.copy()
     flat = np.ascontiguousarray(arr).reshape(-1)
     rounded = _round_bfloat16(flat) if fmt.exponent_bits == 8 else _round_narrow(flat, fmt)
     return rounded.reshape(arr.shape)

@@ -16,7 +16,9 @@ step runs in three phases, which the IR's kernel roles make safe:
 Phase 1 never reads what phase 2 writes: the constructor checks this on the
 program and refuses it otherwise. Half precision: the compiler's `to_half`
 kernels round their input to the half dtype (float32 storage); matmul/conv
-accumulate in float32; weights and updates stay float32.
+accumulate in float32; weights and updates stay float32. With the half dtype
+set to "float32" (`cerebras_tf.amp.set_half_dtype("float32")`) nothing is
+rounded and a run matches TensorFlow on CPU step by step.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from typing import Mapping
 
 import numpy as np
 
-from cerebras_tf.amp import GradScaler, get_half_dtype, round_to_half
+from cerebras_tf.amp import FLOAT32_MODE, GradScaler, get_half_dtype, round_to_half
 from cerebras_tf.compiler import ir
 from cerebras_tf.wse.kernels import np_dtype, run_kernel
 
@@ -123,7 +125,8 @@ class Executor:
                 value = kernel.attrs.get("value", 1.0) * (scale if scale is not None else 1.0)
                 outputs = [np.full(out.shape, value, dtype=np_dtype(out.dtype))]
             elif kernel.kind == "to_half":
-                outputs = [round_to_half(np.asarray(inputs[0], dtype=np.float32), self.half_dtype)]
+                outputs = [inputs[0] if self.half_dtype == FLOAT32_MODE
+                           else round_to_half(np.asarray(inputs[0], dtype=np.float32), self.half_dtype)]
             else:
                 outputs = run_kernel(kernel.kind, inputs, kernel.attrs,
                                      [self._variables[name] for name in kernel.vars], step=step, salt=kernel.id)

@@ -191,7 +191,15 @@ class TestApi:
         assert round_to_half(x) == x  # representable in float16
         assert amp.set_half_dtype(ml_dtypes.bfloat16) == "bfloat16"
 
-    @pytest.mark.parametrize("bad", ["float32", "fp16", "half", "", 16, np.float32, None])
+    def test_float32_mode_rounds_nothing(self):
+        try:
+            assert amp.set_half_dtype(np.float32) == "float32"
+            x = np.array([1.0 + 2.0 ** -20, 1e-30, 7e38 / 2], dtype=np.float32)
+            np.testing.assert_array_equal(round_to_half(x), x)
+        finally:
+            amp.set_half_dtype("float16")
+
+    @pytest.mark.parametrize("bad", ["float64", "fp16", "half", "", 16, np.float64, None])
     def test_set_half_dtype_refuses(self, bad):
         with pytest.raises(ValueError) as err:
             amp.set_half_dtype(bad)
