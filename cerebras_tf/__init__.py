@@ -2,6 +2,7 @@
 
 Public API:
   CerebrasEstimator, CSRunConfig, CSEstimatorSpec, set_default_tf_config
+  release_system (free a simulated system programmed in this process)
   errors (CerebrasError and its subclasses), amp (half dtypes, GradScaler)
 
 The names that need TensorFlow are imported on first use, so the numpy-only
@@ -14,6 +15,7 @@ from typing import Any
 
 from cerebras_tf import errors
 from cerebras_tf.errors import CerebrasError
+from cerebras_tf.wse.system import release_system
 
 _LAZY = {
     "CerebrasEstimator": "cerebras_tf.cs_estimator",
@@ -22,7 +24,8 @@ _LAZY = {
     "CSEstimatorSpec": "cerebras_tf.spec",
 }
 
-__all__ = ["CSEstimatorSpec", "CSRunConfig", "CerebrasError", "CerebrasEstimator", "errors", "set_default_tf_config"]
+__all__ = ["CSEstimatorSpec", "CSRunConfig", "CerebrasError", "CerebrasEstimator", "errors", "release_system",
+           "set_default_tf_config"]
 __version__ = "0.1.0"
 
 

@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable, Iterator
 import tensorflow as tf
 
 from cerebras_tf import rules
-from cerebras_tf.compiler.driver import CompileResult, compile_model
+from cerebras_tf.compiler.driver import CompileResult, compile_model, program_hash
 from cerebras_tf.cs_training import checkpoint_to_evaluate, evaluate_on_system, train_on_system
 from cerebras_tf.errors import raise_problems
 from cerebras_tf.precheck import precheck
@@ -16,6 +16,7 @@ from cerebras_tf.run_config import CSRunConfig
 from cerebras_tf.spec import to_plain_spec
 from cerebras_tf.tensorboard import write_image_summary
 from cerebras_tf.wse.fabric import WSE2
+from cerebras_tf.wse.system import check_system, program_system
 from estimator import CapturedModel, EstimatorBase, EstimatorSpec, ModeKeys, RunConfig
 
 _log = tf.compat.v1.logging
@@ -98,7 +99,7 @@ class CerebrasEstimator(EstimatorBase):
         problems += rules.config.check_tf_config()
         self._announce_system("Training")
         model = precheck(self, input_fn, ModeKeys.TRAIN, problems)
-        train_on_system(self, model, self._compile(model, validate_only=False).program, input_fn, steps, max_steps)
+        train_on_system(self, model, self._program_system(model).program, input_fn, steps, max_steps)
         return self
 
     def evaluate(
@@ -117,7 +118,7 @@ class CerebrasEstimator(EstimatorBase):
         problems = rules.run.check_evaluate_call(hooks, steps)
         model = precheck(self, input_fn, ModeKeys.EVAL, problems)
         path = checkpoint_to_evaluate(self.model_dir, checkpoint_path)
-        program = self._compile(model, validate_only=False).program
+        program = self._program_system(model).program
         return evaluate_on_system(self, model, program, input_fn, steps, path)
 
     def predict(
@@ -172,6 +173,17 @@ class CerebrasEstimator(EstimatorBase):
         if mode not in (ModeKeys.TRAIN, ModeKeys.EVAL):
             raise_problems(rules.run.check_predict_call())
         return self._compile(precheck(self, input_fn, mode), validate_only)
+
+    def _program_system(self, model: CapturedModel) -> CompileResult:
+        """Compile the model and program the simulated system with it.
+
+        Refused (SystemProgrammedError, before anything is compiled or written)
+        when this process already programmed the system with another program.
+        """
+        check_system(self.cs_ip, program_hash(model), model.input.mode, self.model_dir)
+        result = self._compile(model, validate_only=False)
+        program_system(self.cs_ip, result.graph_hash, model.input.mode, self.model_dir)
+        return result
 
     def _compile(self, model: CapturedModel, validate_only: bool) -> CompileResult:
         """Compile a prechecked model for this estimator's system (reusing the artifact in compile_dir)."""

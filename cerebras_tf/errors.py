@@ -117,3 +117,7 @@ class InputWorkerError(CerebrasError):
 
 class InputWorkerWarning(UserWarning):
     """An input worker was lost; training continues on the others."""
+
+
+class SystemProgrammedError(CerebrasError):
+    """The simulated CS system was already programmed with another program in this process."""

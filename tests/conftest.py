@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import cerebras_tf
 from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig
 from cerebras_tf.errors import CerebrasError
 
@@ -282,3 +283,11 @@ def assert_refused(estimator: CerebrasEstimator, error_type: type[CerebrasError]
 @pytest.fixture(name="assert_refused")
 def assert_refused_fixture() -> Callable[..., CerebrasError]:
     return assert_refused
+
+
+@pytest.fixture(autouse=True)
+def _release_simulated_systems():
+    """Each test starts with no simulated CS system programmed (as a fresh process would)."""
+    cerebras_tf.release_system()
+    yield
+    cerebras_tf.release_system()

@@ -48,6 +48,11 @@ class CompileResult:
         return self.program.kernel_counts()
 
 
+def program_hash(model: CapturedModel, validate_only: bool = False) -> str:
+    """The identity of the program `model` compiles to (graph, mode, casts, compiler version)."""
+    return lower.graph_hash(model, extra=f"casts={not validate_only}|compiler={compiler_digest()}")
+
+
 def compile_model(model: CapturedModel, *, validate_only: bool = False, compile_dir: str | None = None,
                   system_name: str | None = None, fabric: Fabric | None = None) -> CompileResult:
     """Compile a captured model (already prechecked) for the CS system.
@@ -64,7 +69,7 @@ def compile_model(model: CapturedModel, *, validate_only: bool = False, compile_
     when the model does not fit on the fabric.
     """
     start = time.perf_counter()
-    graph_hash = lower.graph_hash(model, extra=f"casts={not validate_only}|compiler={compiler_digest()}")
+    graph_hash = program_hash(model, validate_only)
     system = artifact.system_identity(system_name, fabric)
     directory = artifact.artifact_dir(compile_dir, model.input.mode) if compile_dir and not validate_only else None
     note = "validate only" if validate_only else "no compile_dir"

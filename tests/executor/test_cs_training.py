@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import cerebras_tf
 from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, cs_training, set_default_tf_config
 from test_executor import _input_fn, _model_fn  # the same small MLP as the executor tests
 
@@ -96,6 +97,7 @@ def test_evaluate_on_the_system_computes_host_call_metrics_like_the_estimator(tm
     config = CSRunConfig(cs_ip="localhost:9000", tf_random_seed=1, save_checkpoints_steps=100)
     estimator = CerebrasEstimator(model_fn, model_dir=str(tmp_path), config=config, params={})
     estimator.train(_input_fn, max_steps=60)
+    cerebras_tf.release_system()  # a new process, as on the real system (the fabric is programmed once)
     on_system = estimator.evaluate(_input_fn, steps=4, use_cs=True)
     on_cpu = estimator.evaluate(_input_fn, steps=4)
     assert on_system["global_step"] == on_cpu["global_step"] == 60
