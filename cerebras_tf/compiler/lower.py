@@ -501,6 +501,7 @@ def lower(model: CapturedModel, *, casts: bool = True) -> tuple[ir.Program, dict
     raise_problems(_dedupe(builder.problems))
 
     program_outs = {name: lowerer.operand(tensor) for name, tensor in outputs.items()}
+    dead_kernels = _prune_dead_kernels(builder, set(program_outs.values()))
     program = ir.Program(
         mode=model.input.mode, tensors=builder.tensors, kernels=builder.kernels,
         variables=_variables(builder, model), inputs=program_inputs, outputs=program_outs,
@@ -510,9 +511,33 @@ def lower(model: CapturedModel, *, casts: bool = True) -> tuple[ir.Program, dict
     program.gradients = _gradient_tensors(program)
     program.layers = _layers(program)
     stats = {"tf_ops": len(ops), "folded_ops": builder.folded_ops, "aliases_removed": builder.aliases_removed,
-             "assertions_dropped": assertions, "if_converted": builder.if_converted,
+             "assertions_dropped": assertions, "if_converted": builder.if_converted, "dead_kernels": dead_kernels,
              "precision_casts": sum(1 for k in builder.kernels if k.kind == "to_half")}
     return program, stats
+
+
+def _prune_dead_kernels(builder: _Builder, keep: set[int]) -> int:
+    """Drop kernels whose results nothing uses, renumbering the rest; returns how many were dropped.
+
+    TF runs such ops only because gradient tuples group them by control
+    dependency (e.g. the gradient of a MatMul with respect to the input
+    features). A kernel stays if it writes a variable, is a gradient seed, or
+    produces a tensor in `keep` (the program outputs) or read by a kept kernel.
+    """
+    live, alive = set(keep), []
+    for kernel in reversed(builder.kernels):
+        if (kernel.kind in kernels.WRITES or kernel.id in builder.seed_kernels
+                or any(t in live for t in kernel.outputs)):
+            alive.append(kernel)
+            live.update(kernel.inputs)
+    alive.reverse()
+    renumbered = {kernel.id: index for index, kernel in enumerate(alive)}
+    for kernel in alive:
+        kernel.id = renumbered[kernel.id]
+    builder.seed_kernels = [renumbered[k] for k in builder.seed_kernels]
+    dropped = len(builder.kernels) - len(alive)
+    builder.kernels[:] = alive
+    return dropped
 
 
 def _dedupe(problems: list[CerebrasError]) -> list[CerebrasError]:

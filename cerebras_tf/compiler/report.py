@@ -23,7 +23,8 @@ def render(program: ir.Program, stats: Mapping[str, Any], *, graph_hash: str, sy
         "",
         f"TF ops in the program: {stats['tf_ops']}; folded (static): {stats['folded_ops']}; "
         f"Identity/StopGradient removed: {stats['aliases_removed']}; runtime assertions dropped: "
-        f"{stats['assertions_dropped']}; tf.cond if-converted: {stats['if_converted']}",
+        f"{stats['assertions_dropped']}; tf.cond if-converted: {stats['if_converted']}; "
+        f"unused kernels removed: {stats.get('dead_kernels', 0)}",
         f"Kernels: {len(program.kernels)} (" + ", ".join(f"{r} {roles[r]}" for r in ir.ROLES if roles[r]) + ")",
         f"Precision casts inserted: {stats['precision_casts']} (matmul/conv inputs to the half dtype; "
         "float32 weights and accumulation)",

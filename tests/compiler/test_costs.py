@@ -19,7 +19,7 @@ def test_layer_costs_of_the_mlp(zoo_estimator):
     assert sum(c["weight_bytes"] for c in costs.values()) == 4 * sum(
         v.size for v in program.variables if v.role == "trainable")
     assert dense1["flops_fwd"] >= 2 * 20 * 32  # the matmul, per sample
-    assert dense1["flops_bwd"] >= 2 * 2 * 20 * 32
+    assert dense1["flops_bwd"] >= 2 * 20 * 32  # the weight gradient (nothing needs the features' gradient)
     assert dense1["activation_bytes"] > 0 and dense1["output_bytes"] > 0
     total = sum(c["flops_fwd"] + c["flops_bwd"] + c["flops_update"] for c in costs.values())
     assert total == pytest.approx(sum(k.flops for k in program.kernels) / 8)
