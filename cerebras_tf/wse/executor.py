@@ -23,15 +23,20 @@ rounded and a run matches TensorFlow on CPU step by step.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
 from cerebras_tf.amp import FLOAT32_MODE, GradScaler, get_half_dtype, round_to_half
 from cerebras_tf.compiler import ir
-from cerebras_tf.wse.kernels import np_dtype, run_kernel
+from cerebras_tf.wse.kernels import KERNELS, KernelContext, np_dtype
+from cerebras_tf.wse.threads import split_range
 
 _UPDATE_ROLES = ("optimizer", "global_step_update")
+_READS_ONLY = ("read_variable", "gather_variable")
+# Kinds whose output may be a view of (or the same array as) an input.
+_MAY_ALIAS = frozenset({"reshape", "squeeze", "expand_dims", "unstack", "split", "split_v", "slice",
+                        "strided_slice", "cast", "to_half"})
 
 
 @dataclasses.dataclass
@@ -46,6 +51,21 @@ class StepResult:
     def loss(self) -> float | None:
         loss = self.outputs.get("loss")
         return None if loss is None else float(loss)
+
+
+@dataclasses.dataclass
+class _Planned:
+    """One kernel, resolved once for every step."""
+
+    kernel: ir.Kernel
+    fn: Callable[[list[np.ndarray], Mapping, KernelContext], list[np.ndarray]]
+    ctx: KernelContext
+    frees: list[int]  # tensors this kernel reads last: dropped after it runs
+
+
+def _read_shared(inputs: list[np.ndarray], attrs: Mapping, ctx: KernelContext) -> list[np.ndarray]:
+    """read_variable with no later write before its last use: the value is the variable itself."""
+    return [ctx.variables[0]]
 
 
 class Executor:
@@ -73,6 +93,9 @@ class Executor:
         self._check_phases()
         self._keep = set(program.outputs.values()) | set(program.gradients)
         self._last_use = self._last_uses()
+        self._shared_reads = self._reads_without_copy()
+        self._scale: float | None = None
+        self._plans = tuple(self._plan(kernels) for kernels in self._phases)
 
     # ---- public -------------------------------------------------------------------
     def variables(self) -> dict[str, np.ndarray]:
@@ -86,7 +109,7 @@ class Executor:
 
     def step(self, features: np.ndarray, labels: np.ndarray | None = None) -> StepResult:
         """Run the program once on one batch."""
-        values: dict[int, np.ndarray] = {}
+        values: dict[int, np.ndarray] = dict(self._constants)
         for key, array in (("features", features), ("labels", labels)):
             if key in self.program.inputs:
                 tensor = self.program.tensors[self.program.inputs[key]]
@@ -96,15 +119,15 @@ class Executor:
         step = self.global_step
         scale = self.grad_scaler.scale if self.grad_scaler is not None else None
         with np.errstate(over="ignore", invalid="ignore"):  # non-finite values are the GradScaler's to handle
-            self._run(self._phases[0], values, step, scale)
+            self._run(self._plans[0], values, step, scale)
         finite = True
-        if self._phases[1]:
+        if self._plans[1]:
             finite = self._unscale_and_check(values)
             if finite:
-                self._run(self._phases[1], values, step, scale)
+                self._run(self._plans[1], values, step, scale)
             if self.grad_scaler is not None:
                 self.grad_scaler.update(finite)
-        self._run(self._phases[2], values, step, scale)
+        self._run(self._plans[2], values, step, scale)
         outputs = {key: values[tid] for key, tid in self.program.outputs.items()}
         return StepResult(outputs=outputs, finite=finite, loss_scale=scale)
 
@@ -116,25 +139,85 @@ class Executor:
                              "(the batch size is fixed at compile time)")
         return array
 
-    def _run(self, kernels: list[ir.Kernel], values: dict[int, np.ndarray], step: int,
-             scale: float | None) -> None:
+    def _plan(self, kernels: list[ir.Kernel]) -> list[_Planned]:
+        """Resolve each kernel once: its function, context, and the tensors it is the last to read."""
+        planned = []
         for kernel in kernels:
-            inputs = [values[t] if t in values else self._constants[t] for t in kernel.inputs]
-            if kernel.kind == "gradient_seed":
-                out = self.program.tensors[kernel.outputs[0]]
-                value = kernel.attrs.get("value", 1.0) * (scale if scale is not None else 1.0)
-                outputs = [np.full(out.shape, value, dtype=np_dtype(out.dtype))]
-            elif kernel.kind == "to_half":
-                outputs = [inputs[0] if self.half_dtype == FLOAT32_MODE
-                           else round_to_half(np.asarray(inputs[0], dtype=np.float32), self.half_dtype)]
+            if kernel.kind == "read_variable" and kernel.id in self._shared_reads:
+                fn: Callable[..., list[np.ndarray]] = _read_shared
+            elif kernel.kind in ("gradient_seed", "to_half"):
+                fn = getattr(self, f"_{kernel.kind}")
             else:
-                outputs = run_kernel(kernel.kind, inputs, kernel.attrs,
-                                     [self._variables[name] for name in kernel.vars], step=step, salt=kernel.id)
-            for tid, value in zip(kernel.outputs, outputs):
+                fn = KERNELS[kernel.kind]
+            ctx = KernelContext(variables=[self._variables[name] for name in kernel.vars], salt=kernel.id)
+            frees = list(dict.fromkeys(t for t in kernel.inputs
+                                       if self._last_use.get(t) == kernel.id and t not in self._keep))
+            planned.append(_Planned(kernel, fn, ctx, frees))
+        return planned
+
+    def _run(self, plan: list[_Planned], values: dict[int, np.ndarray], step: int, scale: float | None) -> None:
+        self._scale = scale
+        for p in plan:
+            p.ctx.step = step
+            outputs = p.fn([values[t] for t in p.kernel.inputs], p.kernel.attrs, p.ctx)
+            for tid, value in zip(p.kernel.outputs, outputs):
                 values[tid] = value
-            for tid in kernel.inputs:
-                if self._last_use.get(tid) == kernel.id and tid not in self._keep:
-                    values.pop(tid, None)
+            for tid in p.frees:
+                del values[tid]
+
+    def _gradient_seed(self, inputs: list[np.ndarray], attrs: Mapping, ctx: KernelContext) -> list[np.ndarray]:
+        out = self.program.tensors[self.program.kernels[ctx.salt].outputs[0]]
+        value = attrs.get("value", 1.0) * (self._scale if self._scale is not None else 1.0)
+        return [np.full(out.shape, value, dtype=np_dtype(out.dtype))]
+
+    def _to_half(self, inputs: list[np.ndarray], attrs: Mapping, ctx: KernelContext) -> list[np.ndarray]:
+        if self.half_dtype == FLOAT32_MODE:
+            return [inputs[0]]
+        source = np.ascontiguousarray(inputs[0], dtype=np.float32)
+        flat, out = source.reshape(-1), np.empty(source.shape, np.float32)
+        rounded = out.reshape(-1)
+
+        def round_slice(lo: int, hi: int) -> None:
+            rounded[lo:hi] = round_to_half(flat[lo:hi], self.half_dtype)
+        split_range(flat.size, round_slice)
+        return [out]
+
+    def _reads_without_copy(self) -> set[int]:
+        """read_variable kernels whose value (or a view of it) no kernel uses after the variable is
+        next written, and which is not streamed out: they hand out the variable's array itself."""
+        order = [k for phase in self._phases for k in phase]
+        position = {k.id: i for i, k in enumerate(order)}
+        writes: dict[str, list[int]] = {}
+        for k in order:
+            if k.kind not in _READS_ONLY:  # conservatively: every other kernel with variables writes them all
+                for name in k.vars:
+                    writes.setdefault(name, []).append(position[k.id])
+        consumers: dict[int, list[int]] = {}
+        for k in order:
+            for t in k.inputs:
+                consumers.setdefault(t, []).append(position[k.id])
+        aliases: dict[int, list[int]] = {}  # tensor -> outputs that may view it
+        for k in order:
+            if k.kind in _MAY_ALIAS:
+                for t in k.inputs:
+                    aliases.setdefault(t, []).extend(k.outputs)
+        shared = set()
+        for k in order:
+            if k.kind != "read_variable":
+                continue
+            views, pending = set(), [k.outputs[0]]
+            while pending:
+                t = pending.pop()
+                if t not in views:
+                    views.add(t)
+                    pending.extend(aliases.get(t, []))
+            if views & self._keep:
+                continue
+            later_writes = [w for w in writes.get(k.vars[0], []) if w > position[k.id]]
+            last_read = max((p for t in views for p in consumers.get(t, [])), default=position[k.id])
+            if not later_writes or last_read < min(later_writes):
+                shared.add(k.id)
+        return shared
 
     def _unscale_and_check(self, values: dict[int, np.ndarray]) -> bool:
         if self.grad_scaler is None:

@@ -87,8 +87,8 @@ def test_scatter_add_and_gather_variable(rng):
 
 # ---- optimizers: a few steps against ResourceApply* on tf.Variables -----------------------------
 
-def _compare(kind, tf_op, n_vars, make_inputs, tf_kwargs, attrs, rng, steps=4, slots_init=None, **tol):
-    shape = (5, 7)
+def _compare(kind, tf_op, n_vars, make_inputs, tf_kwargs, attrs, rng, steps=4, slots_init=None, shape=(5, 7),
+             **tol):
     init = [rng.normal(size=shape).astype(F)]
     for i in range(1, n_vars):
         init.append(np.abs(rng.normal(size=shape)).astype(F) * F(0.1) if slots_init is None else slots_init(shape))
@@ -135,8 +135,9 @@ def test_sparse_apply_momentum(nesterov, indices, rng):
              ["var", "accum", "lr", "grad", "indices", "momentum"], {"use_nesterov": nesterov}, rng)
 
 
+@pytest.mark.parametrize("shape", [(5, 7), (600, 300)])  # the big one is split across host threads
 @pytest.mark.parametrize("nesterov", [False, True])
-def test_apply_adam(nesterov, rng):
+def test_apply_adam(nesterov, shape, rng):
     b1, b2 = F(0.9), F(0.999)
 
     def inputs(step, shape):
@@ -145,7 +146,7 @@ def test_apply_adam(nesterov, rng):
 
     _compare("apply_adam", R.ResourceApplyAdam, 3, inputs,
              ["var", "m", "v", "beta1_power", "beta2_power", "lr", "beta1", "beta2", "epsilon", "grad"],
-             {"use_nesterov": nesterov}, rng, steps=6, slots_init=lambda s: np.zeros(s, F))
+             {"use_nesterov": nesterov}, rng, steps=6, slots_init=lambda s: np.zeros(s, F), shape=shape)
 
 
 def test_apply_rms_prop(rng):

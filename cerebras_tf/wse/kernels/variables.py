@@ -14,6 +14,7 @@ import numpy as np
 
 from cerebras_tf.wse.kernels._registry import KernelContext, register
 from cerebras_tf.wse.kernels.data import gather
+from cerebras_tf.wse.threads import split_range
 
 
 def _s(x: Any, like: np.ndarray) -> np.generic:
@@ -124,27 +125,39 @@ def apply_adam(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelCo
     var -= m*alpha/(sqrt(v)+eps)  (nesterov: (g*(1-b1) + b1*m)*alpha/(sqrt(v)+eps))."""
     var, m, v = ctx.variables[:3]
     b1p, b2p, lr, b1, b2, eps = (_s(x, var) for x in inputs[:6])
-    grad = inputs[6]
     one = var.dtype.type(1)
     alpha = lr * np.sqrt(one - b2p) / (one - b1p)
-    t1 = np.subtract(grad, m, dtype=var.dtype)  # in-place temporaries, same operation order as TF
+    grad = np.ascontiguousarray(inputs[6], dtype=var.dtype)
+    nesterov = bool(attrs.get("use_nesterov"))
+    if not all(a.flags.c_contiguous for a in (var, m, v)):
+        _adam_update(var, m, v, grad, alpha, b1, b2, eps, nesterov)
+        return []
+    flat = [a.reshape(-1) for a in (var, m, v, grad)]  # views: the update lands in the variables
+    split_range(var.size, lambda lo, hi: _adam_update(*(a[lo:hi] for a in flat), alpha, b1, b2, eps, nesterov))
+    return []
+
+
+def _adam_update(var: np.ndarray, m: np.ndarray, v: np.ndarray, g: np.ndarray, alpha: Any, b1: Any, b2: Any,
+                 eps: Any, nesterov: bool) -> None:
+    """ApplyAdam on (slices of) the arrays, in place, with TF's operation order."""
+    one = var.dtype.type(1)
+    t1 = np.subtract(g, m)
     t1 *= one - b1
     m += t1
-    t2 = np.square(grad, dtype=var.dtype)
+    t2 = np.square(g)
     t2 -= v
     t2 *= one - b2
     v += t2
     denom = np.sqrt(v, out=t2)
     denom += eps
-    if attrs.get("use_nesterov"):
-        np.multiply(grad, one - b1, out=t1)
+    if nesterov:
+        np.multiply(g, one - b1, out=t1)
         t1 += b1 * m
         t1 *= alpha
     else:
         np.multiply(m, alpha, out=t1)
     t1 /= denom
     var -= t1
-    return []
 
 
 @register("apply_rms_prop")

@@ -1,0 +1,41 @@
+"""Split big elementwise work across the host's cores (numpy releases the GIL inside ufuncs).
+
+TensorFlow runs its elementwise kernels on an intra-op thread pool; the
+simulator does the same for the few memory-bound passes that dominate a step
+(half-precision rounding, fused optimizer updates). Results are identical to
+a single-threaded run: every element is computed by the same ufuncs, only in
+disjoint slices.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+MIN_ELEMENTS_PER_THREAD = 1 << 16  # below this, the thread hand-off costs more than it saves
+
+_pool: ThreadPoolExecutor | None = None
+
+
+def host_threads() -> int:
+    """Cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def split_range(size: int, work: Callable[[int, int], None]) -> None:
+    """Call `work(lo, hi)` over disjoint slices covering range(size), in parallel when `size` is big."""
+    parts = min(host_threads(), size // MIN_ELEMENTS_PER_THREAD)
+    if parts <= 1:
+        work(0, size)
+        return
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=host_threads() - 1, thread_name_prefix="wse-host")
+    bounds = [size * i // parts for i in range(parts + 1)]
+    futures = [_pool.submit(work, bounds[i], bounds[i + 1]) for i in range(1, parts)]
+    work(bounds[0], bounds[1])
+    for future in futures:
+        future.result()

@@ -1,0 +1,27 @@
+"""Host threads split big elementwise work into disjoint slices covering the whole range."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from cerebras_tf.wse import threads
+
+
+@pytest.mark.parametrize("size", [0, 5, threads.MIN_ELEMENTS_PER_THREAD * 2 + 3, 1_000_003])
+def test_split_range_covers_every_index_once(size, monkeypatch):
+    monkeypatch.setattr(threads, "host_threads", lambda: 3)
+    seen, names, lock = [], set(), threading.Lock()
+
+    def work(lo, hi):
+        with lock:
+            seen.append((lo, hi))
+            names.add(threading.current_thread().name)
+
+    threads.split_range(size, work)
+    covered = sorted(seen)
+    assert covered[0][0] == 0 and covered[-1][1] == size
+    assert all(a[1] == b[0] for a, b in zip(covered, covered[1:]))
+    expected_parts = max(1, min(3, size // threads.MIN_ELEMENTS_PER_THREAD))
+    assert len(covered) == expected_parts
+    assert (len(names) > 1) == (expected_parts > 1)  # the caller works too, the pool takes the rest
