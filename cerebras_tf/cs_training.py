@@ -32,7 +32,7 @@ def train_on_system(estimator: EstimatorBase, model: CapturedModel, program: ir.
     config = estimator.config
     checkpoints = CheckpointWriter(program, estimator.model_dir, config.keep_checkpoint_max)
     values = checkpoints.starting_values(model, getattr(estimator, "warm_start_settings", None))
-    executor = Executor(program, values, grad_scaler=GradScaler(loss_scale="dynamic"))
+    executor = Executor(program, values, grad_scaler=grad_scaler_for(program))
     first = executor.global_step
     last = max_steps if max_steps is not None else first + steps
     if first >= last:
@@ -68,6 +68,13 @@ def train_on_system(estimator: EstimatorBase, model: CapturedModel, program: ir.
     _log.info("Loss for final step: %g. Trained steps %d-%d in %.1f s on the simulated WSE.",
               result.loss, first + 1, executor.global_step, time.perf_counter() - started)
     return executor.global_step
+
+
+def grad_scaler_for(program: ir.Program) -> GradScaler:
+    """The executor's GradScaler: amp.optimizer_step's settings in the program, else dynamic with defaults."""
+    if program.loss_scaling is None:
+        return GradScaler(loss_scale="dynamic")
+    return GradScaler.from_config(program.loss_scaling)
 
 
 def numpy_batches(input_fn: Callable[..., Any], params: dict[str, Any]) -> Iterator[tuple[np.ndarray, Any]]:

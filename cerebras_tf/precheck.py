@@ -5,6 +5,7 @@ import inspect
 from typing import Any, Callable, Sequence
 
 from cerebras_tf import rules
+from cerebras_tf.amp.target import capturing_for_cs_system
 from cerebras_tf.errors import CerebrasError, raise_problems
 from estimator import CapturedInput, CapturedModel, EstimatorBase, capture_input, capture_model, inspect_dataset
 
@@ -46,7 +47,8 @@ def precheck(
     captured_input = capture_input(estimator, input_fn, mode)
     problems += rules.input.check_returns_dataset(captured_input, input_fn)
     try:
-        model = capture_model(estimator, captured_input, estimator.call_user_model_fn)
+        with capturing_for_cs_system():  # amp.optimizer_step leaves loss scaling to the executor
+            model = capture_model(estimator, captured_input, estimator.call_user_model_fn)
     except Exception:
         # The failure may follow from a rule broken by the input (e.g. a dict of features, or an element
         # that is not (features, labels)): report those problems first.

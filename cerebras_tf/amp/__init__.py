@@ -5,7 +5,12 @@ turns half rounding off for parity checks) with
 :func:`set_half_dtype` / :func:`get_half_dtype` / :func:`round_to_half`, and
 loss scaling with :class:`GradScaler` (static or dynamic, optional global
 gradient clipping), following the Cerebras ``amp`` contract.
+
+:func:`optimizer_step` (loss scaling from a model_fn, on CPU/GPU and on the
+simulated WSE) needs TensorFlow: it is imported on first use.
 """
+from typing import Any
+
 from cerebras_tf.amp.dtypes import (
     FLOAT32_MODE,
     HALF_DTYPES,
@@ -34,6 +39,16 @@ __all__ = [
     "get_half_dtype",
     "global_norm",
     "half_format",
+    "optimizer_step",
     "round_to_half",
     "set_half_dtype",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "optimizer_step":
+        from cerebras_tf.loss_scaling import optimizer_step  # pylint: disable=import-outside-toplevel  # imports TF
+
+        globals()[name] = optimizer_step
+        return optimizer_step
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -39,7 +39,9 @@ Semantics (the Cerebras ``cstorch.amp.GradScaler`` ones unless said otherwise):
   NaN update ruins the weights, and the WSE design forbids it).
 * ``max_gradient_norm`` (global clipping, "GCC") applies in dynamic mode only,
   as documented by Cerebras; it uses ``tf.clip_by_global_norm``'s formula so the
-  CPU path (real TF ops) and the executor agree.
+  CPU path (real TF ops) and the executor agree. ``max_gradient_value`` clips
+  every element to ``[-v, v]`` after that, in every mode. ``optimizer_step``'s
+  own clipping arguments apply in every mode (:meth:`GradScaler.for_optimizer_step`).
 
 Gradients are unscaled by multiplying with the float32 reciprocal of the scale
 (as TF's LossScaleOptimizer does). ``finite`` means every unscaled gradient
@@ -138,6 +140,14 @@ def clip_by_value(grads: Sequence[Any], max_value: float) -> list[np.ndarray]:
     return [np.clip(_f32(g), -m, m) for g in grads]
 
 
+def _positive_or_none(value: Any, name: str) -> float | None:
+    if value is None:
+        return None
+    if not (isinstance(value, (int, float, np.floating, np.integer)) and value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return float(value)
+
+
 class GradScaler:
     """Static or dynamic loss scaling with optional global gradient clipping (numpy).
 
@@ -151,6 +161,8 @@ class GradScaler:
             rescale) tolerated before the scale is halved.
         max_gradient_norm: global-norm clipping of the unscaled gradients
             (dynamic mode only).
+        max_gradient_value: clip every unscaled (norm-clipped) gradient element
+            to ``[-max_gradient_value, max_gradient_value]`` (every mode).
 
     cstorch's ``scale(loss)`` is :meth:`scale_loss` here (``scale`` is the value);
     ``state_dict()`` has the same four keys in every mode.
@@ -165,6 +177,7 @@ class GradScaler:
         max_loss_scale: float | None = None,
         overflow_tolerance: float = 0.0,
         max_gradient_norm: float | None = None,
+        max_gradient_value: float | None = None,
     ) -> None:
         default_max = 2.0 ** 31 if get_half_dtype() == "cbfloat16" else 2.0 ** 15
         self.max_loss_scale = float(max_loss_scale) if max_loss_scale else default_max
@@ -174,6 +187,7 @@ class GradScaler:
         self.steps_since_rescale = 0
         self.overflows_since_rescale = 0
         self.num_skipped_steps = 0
+        self.max_gradient_value = _positive_or_none(max_gradient_value, "max_gradient_value")
 
         if isinstance(loss_scale, str):
             if loss_scale != "dynamic":
@@ -193,13 +207,14 @@ class GradScaler:
             self.dynamic = True
             init = float(init_scale) if init_scale else self.max_loss_scale
             self._scale = min(max(init, self.min_loss_scale), self.max_loss_scale)
+            self.init_scale = self._scale
             self.max_gradient_norm = float(max_gradient_norm) if max_gradient_norm else None
         else:
             value = 1.0 if loss_scale is None else float(loss_scale)
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"static loss_scale must be a positive finite number, got {loss_scale!r}")
             self.dynamic = False
-            self._scale = value
+            self._scale = self.init_scale = value
             if max_gradient_norm:
                 warnings.warn(
                     "GradScaler(max_gradient_norm=...) only applies with loss_scale='dynamic' "
@@ -242,6 +257,10 @@ class GradScaler:
             if factor != np.float32(1.0):
                 for a in arrays:
                     a *= factor
+        if finite and self.max_gradient_value is not None:
+            m = np.float32(self.max_gradient_value)
+            for a in arrays:
+                np.clip(a, -m, m, out=a)
         return UnscaleResult(arrays, finite, float(norm))
 
     def update(self, finite: bool) -> float:
@@ -274,6 +293,54 @@ class GradScaler:
             apply(res.grads)
         self.update(res.finite)
         return res
+
+    # -- configuration -----------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        """JSON-able settings that rebuild this scaler with :meth:`from_config` (its state excluded)."""
+        return {
+            "loss_scale": "dynamic" if self.dynamic else float(self.init_scale),
+            "init_scale": float(self.init_scale) if self.dynamic else None,
+            "steps_per_increase": int(self.steps_per_increase),
+            "min_loss_scale": float(self.min_loss_scale),
+            "max_loss_scale": float(self.max_loss_scale),
+            "overflow_tolerance": float(self.overflow_tolerance),
+            "max_gradient_norm": self.max_gradient_norm,
+            "max_gradient_value": self.max_gradient_value,
+        }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "GradScaler":
+        """A fresh scaler from :meth:`config`; here ``max_gradient_norm`` applies in every mode."""
+        settings = dict(config)
+        norm = _positive_or_none(settings.pop("max_gradient_norm", None), "max_gradient_norm")
+        scaler = cls(**settings)
+        scaler.max_gradient_norm = norm
+        return scaler
+
+    @classmethod
+    def for_optimizer_step(
+        cls,
+        grad_scaler: "GradScaler | None",
+        max_gradient_norm: float | None = None,
+        max_gradient_value: float | None = None,
+    ) -> "GradScaler":
+        """The scaler ``optimizer_step`` runs: ``grad_scaler``'s settings (None: no scaling) plus its clipping.
+
+        ``max_gradient_norm`` and ``max_gradient_value`` are mutually exclusive
+        (one clipping rule per call) and apply in every mode; with the scaler's own
+        ``max_gradient_norm`` / ``max_gradient_value`` the smaller bound wins.
+        """
+        if max_gradient_norm is not None and max_gradient_value is not None:
+            raise ValueError(
+                f"Gradient clipping by norm ({max_gradient_norm}) and by value ({max_gradient_value}) are "
+                "mutually exclusive: pass only one of max_gradient_norm and max_gradient_value.")
+        if grad_scaler is not None and not isinstance(grad_scaler, GradScaler):
+            raise TypeError(f"grad_scaler must be a cerebras_tf.amp.GradScaler or None, got {grad_scaler!r}")
+        config = (grad_scaler if grad_scaler is not None else cls()).config()
+        for key, value in (("max_gradient_norm", max_gradient_norm), ("max_gradient_value", max_gradient_value)):
+            bounds = [b for b in (config[key], _positive_or_none(value, key)) if b is not None]
+            config[key] = min(bounds) if bounds else None
+        return cls.from_config(config)
 
     # -- checkpointing -----------------------------------------------------
     def state_dict(self) -> dict[str, float | int]:

@@ -117,6 +117,8 @@ class Program:
     global_step: str | None = None  # variable name
     layers: list[Layer] = dataclasses.field(default_factory=list)
     precision_casts: bool = True
+    # amp.optimizer_step's settings (GradScaler.config() incl. clipping); None: the default dynamic scaling
+    loss_scaling: dict[str, Any] | None = None
     version: int = IR_VERSION
     arrays: dict[int, np.ndarray] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import re
 from typing import Any, Sequence
 
@@ -22,8 +23,10 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import function_def_to_graph  # pylint: disable=no-name-in-module
 
+from cerebras_tf.amp.target import LOSS_SCALING_COLLECTION
 from cerebras_tf.compiler import fold, ir, kernels
-from cerebras_tf.errors import CerebrasError, DynamicShapeError, UnsupportedOpError, raise_problems
+from cerebras_tf.errors import (CerebrasError, DynamicShapeError, UnsupportedOpError,
+                                UnsupportedTensorFlowError, raise_problems)
 from estimator import CapturedModel, ModeKeys
 from estimator.source import is_user_file
 
@@ -98,6 +101,7 @@ def graph_hash(model: CapturedModel, extra: str = "") -> str:
     stop = _input_tensors(model)
     ops, _ = needed_ops([t.op for t in outputs.values() if t.name not in stop] + roots, set(stop))
     digest = hashlib.sha256(f"{ir.IR_VERSION}|{model.input.mode}|{host_kind}|{extra}".encode())
+    digest.update(f"loss_scaling={json.dumps(loss_scaling(model.graph), sort_keys=True)};".encode())
     for name, tensor in sorted(outputs.items()):
         digest.update(f"{name}={tensor.name};".encode())
     for tensor, name in sorted(stop.items()):
@@ -106,6 +110,17 @@ def graph_hash(model: CapturedModel, extra: str = "") -> str:
     for op in ops:
         digest.update(_canonical_node(op.node_def, model.graph, functions))
     return digest.hexdigest()
+
+
+def loss_scaling(graph: tf.Graph) -> dict[str, Any] | None:
+    """The settings amp.optimizer_step recorded while the model was captured for the CS system (or None)."""
+    recorded = {text for text in graph.get_collection(LOSS_SCALING_COLLECTION)}
+    if len(recorded) > 1:
+        raise UnsupportedTensorFlowError(
+            "model_fn called cerebras_tf.amp.optimizer_step with different loss-scaling settings "
+            f"({len(recorded)} of them); the CS system runs one GradScaler.",
+            fix="Call optimizer_step once, on the total loss, with one GradScaler.")
+    return json.loads(recorded.pop()) if recorded else None
 
 
 def _canonical_node(node_def: Any, graph: tf.Graph, functions: dict[str, str]) -> bytes:
@@ -507,7 +522,7 @@ def lower(model: CapturedModel, *, casts: bool = True) -> tuple[ir.Program, dict
         variables=_variables(builder, model), inputs=program_inputs, outputs=program_outs,
         host_call=host_kind, gradient_seed=builder.seed_kernels[0] if builder.seed_kernels else None,
         global_step=model.input.global_step.op.name if model.input.global_step is not None else None,
-        precision_casts=casts, arrays=builder.arrays)
+        precision_casts=casts, loss_scaling=loss_scaling(graph), arrays=builder.arrays)
     program.gradients = _gradient_tensors(program)
     program.layers = _layers(program)
     stats = {"tf_ops": len(ops), "folded_ops": builder.folded_ops, "aliases_removed": builder.aliases_removed,
