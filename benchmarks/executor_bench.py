@@ -1,10 +1,12 @@
 """Executor host throughput: the simulated WSE (numpy, half-precision emulation) vs TensorFlow on this CPU.
 
-The same training step (MLP 784-500-300-10, batch 256, Adam) runs as
+The same training step runs as
   - TF: the captured Estimator graph in a tf.compat.v1.Session (the Estimator's inner loop);
   - ours: cerebras_tf.wse.executor.Executor on the compiled program, float16 numerics with
-    dynamic loss scaling (and, for reference, the float32 program without casts).
-Each side runs in its own subprocess so peak RSS is its own.
+    dynamic loss scaling (and, for reference, float32 numerics: set_half_dtype("float32")).
+Models: the MLP 784-500-300-10 (batch 256, Adam) and the zoo CNN (conv + batch norm + pooling,
+Momentum) at 32x32x3, filters 32/64/64, batch 64. Each side runs in its own subprocess so peak
+RSS is its own; both read the same pre-made batches' worth of work per step.
 
     .venv/bin/python benchmarks/executor_bench.py [--steps 100]
 """
@@ -23,12 +25,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH = 256
 
 
-def _measure(side: str, steps: int) -> dict:
+CNN_PARAMS = {"batch_size": 64, "image_size": 32, "channels": 3, "filters": [32, 64, 64], "num_classes": 10,
+              "num_examples": 512, "learning_rate": 0.05}
+
+
+def _measure(model_name: str, side: str, steps: int) -> dict:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import numpy as np
     import tensorflow as tf
 
     from cerebras_tf import CerebrasEstimator, CSRunConfig
+    from cerebras_tf import amp
     from cerebras_tf.amp import GradScaler
     from cerebras_tf.compiler import initial
     from cerebras_tf.precheck import precheck
@@ -51,9 +58,16 @@ def _measure(side: str, steps: int) -> dict:
             loss, global_step=tf.compat.v1.train.get_global_step())
         return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
-    estimator = CerebrasEstimator(model_fn, model_dir=tempfile.mkdtemp(), config=CSRunConfig(cs_ip="bench:1"))
+    params: dict = {}
+    if model_name == "cnn":
+        from examples.zoo import cnn
+        input_fn, model_fn, params = cnn.input_fn, cnn.model_fn, dict(CNN_PARAMS)
+    if side == "ours-float32":
+        amp.set_half_dtype("float32")
+    estimator = CerebrasEstimator(model_fn, model_dir=tempfile.mkdtemp(), config=CSRunConfig(cs_ip="bench:1"),
+                                  params=params)
     model = precheck(estimator, input_fn, tf.estimator.ModeKeys.TRAIN)
-    batches = list(input_fn({}).take(8).as_numpy_iterator())
+    batches = list(input_fn(params).take(8).as_numpy_iterator())
     if side == "tf":
         with model.graph.as_default(), tf.compat.v1.Session(graph=model.graph) as session:
             session.run([tf.compat.v1.global_variables_initializer(),
@@ -66,9 +80,8 @@ def _measure(side: str, steps: int) -> dict:
                 session.run(fetches)
             seconds = time.perf_counter() - start
     else:
-        program = estimator.compile(input_fn, validate_only=side == "ours-float32").program
-        executor = Executor(program, initial.initial_values(model, program),
-                            grad_scaler=None if side == "ours-float32" else GradScaler(loss_scale="dynamic"))
+        program = estimator.compile(input_fn).program
+        executor = Executor(program, initial.initial_values(model, program), grad_scaler=GradScaler(loss_scale="dynamic"))
         for i in range(5):
             executor.step(*batches[i % 8])
         start = time.perf_counter()
@@ -81,22 +94,26 @@ def _measure(side: str, steps: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--models", default="mlp,cnn")
     parser.add_argument("--side", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side:
         sys.path.insert(0, ROOT)
-        print(json.dumps(_measure(args.side, args.steps)))
+        print(json.dumps(_measure(args.model, args.side, args.steps)))
         return
-    rows = {}
-    for side in ("tf", "ours-float16", "ours-float32"):
-        out = subprocess.run([sys.executable, __file__, "--side", side, "--steps", str(args.steps)],
-                             capture_output=True, text=True, check=True, cwd=ROOT)
-        rows[side] = json.loads(out.stdout.strip().splitlines()[-1])
-    print(f"MLP 784-500-300-10, batch {BATCH}, Adam, {args.steps} steps after 5 warm-up steps, 2-core CPU")
-    print(f"{'side':<14} {'steps/s':>9} {'vs TF':>7} {'peak RSS MB':>12}")
-    for side, row in rows.items():
-        ratio = row["steps_per_sec"] / rows["tf"]["steps_per_sec"]
-        print(f"{side:<14} {row['steps_per_sec']:>9.1f} {ratio:>6.2f}x {row['peak_rss_mb']:>12.0f}")
+    print(f"{args.steps} steps after 5 warm-up steps each, {os.cpu_count()}-core CPU; "
+          "MLP 784-500-300-10 batch 256 Adam; CNN 32x32x3 filters 32/64/64 batch 64 Momentum")
+    print(f"{'model':<6} {'side':<14} {'steps/s':>9} {'vs TF':>7} {'peak RSS MB':>12}")
+    for model_name in args.models.split(","):
+        rows = {}
+        for side in ("tf", "ours-float16", "ours-float32"):
+            out = subprocess.run([sys.executable, __file__, "--model", model_name, "--side", side,
+                                  "--steps", str(args.steps)], capture_output=True, text=True, check=True, cwd=ROOT)
+            rows[side] = json.loads(out.stdout.strip().splitlines()[-1])
+        for side, row in rows.items():
+            ratio = row["steps_per_sec"] / rows["tf"]["steps_per_sec"]
+            print(f"{model_name:<6} {side:<14} {row['steps_per_sec']:>9.1f} {ratio:>6.2f}x {row['peak_rss_mb']:>12.0f}")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import numpy as np
 from cerebras_tf.amp import FLOAT32_MODE, GradScaler, get_half_dtype, round_to_half
 from cerebras_tf.compiler import ir
 from cerebras_tf.wse.kernels import KERNELS, KernelContext, np_dtype
-from cerebras_tf.wse.threads import split_range
+from cerebras_tf.wse.threads import map_elementwise
 
 _UPDATE_ROLES = ("optimizer", "global_step_update")
 _READS_ONLY = ("read_variable", "gather_variable")
@@ -173,14 +173,8 @@ class Executor:
     def _to_half(self, inputs: list[np.ndarray], attrs: Mapping, ctx: KernelContext) -> list[np.ndarray]:
         if self.half_dtype == FLOAT32_MODE:
             return [inputs[0]]
-        source = np.ascontiguousarray(inputs[0], dtype=np.float32)
-        flat, out = source.reshape(-1), np.empty(source.shape, np.float32)
-        rounded = out.reshape(-1)
-
-        def round_slice(lo: int, hi: int) -> None:
-            rounded[lo:hi] = round_to_half(flat[lo:hi], self.half_dtype)
-        split_range(flat.size, round_slice)
-        return [out]
+        half = self.half_dtype
+        return [map_elementwise(lambda x: round_to_half(x, half), np.asarray(inputs[0], dtype=np.float32))]
 
     def _reads_without_copy(self) -> set[int]:
         """read_variable kernels whose value (or a view of it) no kernel uses after the variable is

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import Any, Callable
+
+import numpy as np
 
 MIN_ELEMENTS_PER_THREAD = 1 << 16  # below this, the thread hand-off costs more than it saves
 
@@ -39,3 +41,18 @@ def split_range(size: int, work: Callable[[int, int], None]) -> None:
     work(bounds[0], bounds[1])
     for future in futures:
         future.result()
+
+
+def map_elementwise(fn: Callable[..., np.ndarray], *arrays: np.ndarray, dtype: Any = None) -> np.ndarray:
+    """fn(*arrays) for same-shaped arrays, computed on flat slices in parallel when they are big."""
+    flats = [np.ascontiguousarray(a).reshape(-1) for a in arrays]
+    size = flats[0].size
+    if min(host_threads(), size // MIN_ELEMENTS_PER_THREAD) <= 1:
+        return np.asarray(fn(*arrays))
+    out = np.empty(arrays[0].shape, dtype or arrays[0].dtype)
+    flat_out = out.reshape(-1)
+
+    def work(lo: int, hi: int) -> None:
+        flat_out[lo:hi] = fn(*(f[lo:hi] for f in flats))
+    split_range(size, work)
+    return out

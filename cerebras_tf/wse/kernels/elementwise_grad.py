@@ -11,6 +11,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from cerebras_tf.wse.kernels._registry import KernelContext, register
+from cerebras_tf.wse.threads import map_elementwise
 from cerebras_tf.wse.kernels.elementwise import SELU_ALPHA, SELU_SCALE
 
 
@@ -21,7 +22,9 @@ def _zero(x: np.ndarray) -> np.ndarray:
 @register("relu_grad")
 def relu_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
     g, f = inputs
-    return [np.where(f > 0, g, _zero(g))]
+    if g.shape != f.shape:
+        return [np.where(f > 0, g, _zero(g))]
+    return [map_elementwise(lambda g_, f_: np.where(f_ > 0, g_, _zero(g_)), g, f)]
 
 
 @register("relu6_grad")
