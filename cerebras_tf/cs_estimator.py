@@ -9,8 +9,7 @@ import tensorflow as tf
 
 from cerebras_tf import rules
 from cerebras_tf.compiler.driver import CompileResult, compile_model, program_hash
-from cerebras_tf.cs_training import checkpoint_to_evaluate, evaluate_on_system, train_on_system
-from cerebras_tf.errors import raise_problems
+from cerebras_tf.cs_training import checkpoint_to_evaluate, evaluate_on_system, predict_on_system, train_on_system
 from cerebras_tf.precheck import precheck
 from cerebras_tf.run_config import CSRunConfig
 from cerebras_tf.spec import to_plain_spec
@@ -131,18 +130,31 @@ class CerebrasEstimator(EstimatorBase):
         num_samples: int | None = None,
         use_cs: bool = False,
     ) -> Iterator[Any]:
-        """Predict on CPU/GPU; `num_samples` stops after that many samples (needed for repeating datasets)."""
-        if self._on_cs(use_cs):
-            raise_problems(rules.run.check_predict_call())
+        """Predict; on the CS system only with use_cs=True (and a cs_ip).
+
+        On the system, the PREDICT program runs from `checkpoint_path` (else
+        the latest checkpoint in model_dir) over input_fn's batches: every
+        problem is reported here, before the first prediction is asked for.
+        `num_samples` stops after that many samples (needed for repeating
+        datasets); otherwise prediction ends with the dataset.
+        """
         if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 1):
             raise ValueError(f"predict(num_samples={num_samples!r}): num_samples must be a positive integer.")
-        predictions = super().predict(
-            input_fn,
-            predict_keys=predict_keys,
-            hooks=hooks,
-            checkpoint_path=checkpoint_path,
-            yield_single_examples=yield_single_examples,
-        )
+        if self._on_cs(use_cs):
+            self._announce_system("Predicting")
+            model = precheck(self, input_fn, ModeKeys.PREDICT, rules.run.check_predict_call(hooks))
+            path = checkpoint_to_evaluate(self.model_dir, checkpoint_path, "predict")
+            program = self._program_system(model).program
+            batches = predict_on_system(self, model, program, input_fn, path, predict_keys)
+            predictions = _single_examples(batches) if yield_single_examples else batches
+        else:
+            predictions = super().predict(
+                input_fn,
+                predict_keys=predict_keys,
+                hooks=hooks,
+                checkpoint_path=checkpoint_path,
+                yield_single_examples=yield_single_examples,
+            )
         if num_samples is None:
             return predictions
         if yield_single_examples:
@@ -170,8 +182,6 @@ class CerebrasEstimator(EstimatorBase):
         TensorBoard. Returns the CompileResult (program, kernel counts, report,
         placement, reused).
         """
-        if mode not in (ModeKeys.TRAIN, ModeKeys.EVAL):
-            raise_problems(rules.run.check_predict_call())
         return self._compile(precheck(self, input_fn, mode), validate_only)
 
     def _program_system(self, model: CapturedModel) -> CompileResult:
@@ -199,6 +209,16 @@ class CerebrasEstimator(EstimatorBase):
             write_image_summary(os.path.join(self.model_dir, PLACEMENT_SUMMARY_DIR),
                                 f"placement/{model.input.mode}", result.placement.to_png())
         return result
+
+
+def _single_examples(batches: Iterator[Any]) -> Iterator[Any]:
+    """One prediction per example, as Estimator.predict(yield_single_examples=True) yields them."""
+    for batch in batches:
+        if isinstance(batch, dict):
+            for i in range(len(next(iter(batch.values())))):
+                yield {key: value[i] for key, value in batch.items()}
+        else:
+            yield from batch
 
 
 def _take_batches(batches: Iterator[dict[str, Any]], num_samples: int) -> Iterator[Any]:

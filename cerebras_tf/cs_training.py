@@ -135,14 +135,12 @@ class CheckpointWriter:
 
     def starting_values(self, model: CapturedModel, warm_start: Any = None) -> dict[str, np.ndarray]:
         """Resume from the latest checkpoint in model_dir; else warm-start; the rest from the initializers."""
-        values = initial.initial_values(model, self.program)
         latest = tf.train.latest_checkpoint(self.model_dir)
         if latest is not None:
-            reader = tf.train.load_checkpoint(latest)
-            stored = reader.get_variable_to_shape_map()
-            values.update({name: reader.get_tensor(name) for name in values if name in stored})
             _log.info("Restoring the simulated WSE's weights from %s.", latest)
-        elif warm_start is not None:
+            return checkpoint_values(model, self.program, latest)
+        values = initial.initial_values(model, self.program)
+        if warm_start is not None:
             values.update(warm_start_values(warm_start, self.program))
         return values
 
@@ -156,14 +154,22 @@ class CheckpointWriter:
         return path
 
 
-def checkpoint_to_evaluate(model_dir: str, checkpoint_path: str | None) -> str:
-    """The checkpoint an evaluation reads: checkpoint_path, else the latest in model_dir."""
+def checkpoint_to_evaluate(model_dir: str, checkpoint_path: str | None, call: str = "evaluate") -> str:
+    """The checkpoint an evaluation (or prediction) reads: checkpoint_path, else the latest in model_dir."""
     path = checkpoint_path or tf.train.latest_checkpoint(model_dir)
     if path is None:
         raise RunArgumentError(
-            f"evaluate() on the CS system found no checkpoint in {model_dir}.",
+            f"{call}() on the CS system found no checkpoint in {model_dir}.",
             fix="Train first (train(use_cs=True) writes checkpoints there), or pass checkpoint_path=.")
     return path
+
+
+def checkpoint_values(model: CapturedModel, program: ir.Program, path: str) -> dict[str, np.ndarray]:
+    """Every program variable from checkpoint `path`; those it lacks from the graph's initializers."""
+    reader = tf.train.load_checkpoint(path)
+    values = initial.initial_values(model, program)
+    values.update({name: reader.get_tensor(name) for name in values if reader.has_tensor(name)})
+    return values
 
 
 def evaluate_on_system(estimator: EstimatorBase, model: CapturedModel, program: ir.Program,
@@ -173,9 +179,7 @@ def evaluate_on_system(estimator: EstimatorBase, model: CapturedModel, program: 
     Returns what Estimator.evaluate returns: the host_call metrics, the mean loss and global_step.
     """
     reader = tf.train.load_checkpoint(path)
-    values = initial.initial_values(model, program)
-    values.update({name: reader.get_tensor(name) for name in values if reader.has_tensor(name)})
-    executor = Executor(program, values)
+    executor = Executor(program, checkpoint_values(model, program, path))
     global_step = int(reader.get_tensor("global_step")) if reader.has_tensor("global_step") else 0
     host = HostMetrics(program, getattr(model.spec, "host_call", None))
     batches = numpy_batches(input_fn, estimator.params)
@@ -195,6 +199,30 @@ def evaluate_on_system(estimator: EstimatorBase, model: CapturedModel, program: 
     _log.info("Saving dict for global step %d: %s (evaluated on the simulated WSE from %s)", global_step,
               ", ".join(f"{k} = {v}" for k, v in sorted(metrics.items())), path)
     return metrics
+
+
+def predict_on_system(estimator: EstimatorBase, model: CapturedModel, program: ir.Program,
+                      input_fn: Callable[..., Any], path: str, predict_keys: list[str] | None) -> Iterator[Any]:
+    """Batches of predictions of the PREDICT program from checkpoint `path`, until input_fn's data ends.
+
+    Yields what Estimator.predict(yield_single_examples=False) yields: a dict of
+    numpy arrays (only `predict_keys` when given) or, for a single predictions
+    tensor, the array itself.
+    """
+    keys = [key.split("/", 1)[1] for key in program.outputs if key.startswith("predictions/")]
+    single = keys == ["output"] and not isinstance(model.spec.predictions, dict)
+    wanted = keys if single or predict_keys is None else list(predict_keys)
+    unknown = sorted(set(wanted) - set(keys))
+    if unknown:
+        raise ValueError(f"predict_keys {unknown} are not among the model's predictions {sorted(keys)}.")
+    executor = Executor(program, checkpoint_values(model, program, path))
+    _log.info("Predicting on the simulated WSE from %s.", path)
+    for features, _ in numpy_batches(input_fn, estimator.params):
+        outputs = executor.step(features).outputs
+        if single:
+            yield outputs["predictions/output"]
+        else:
+            yield {key: outputs[f"predictions/{key}"] for key in wanted}
 
 
 class HostMetrics:

@@ -118,13 +118,11 @@ def test_evaluate_on_cs_needs_steps(make_estimator, make_input_fn, assert_refuse
                    "evaluate() on the CS system needs an explicit number of steps")
 
 
-def test_predict_is_refused_on_cs(make_estimator, make_input_fn, assert_refused):
+def test_predict_hooks_are_refused_on_cs(make_estimator, make_input_fn, assert_refused):
     estimator = make_estimator()
-    fragment = "predict is not supported on the CS system: only train and eval run there"
-    assert_refused(estimator, errors.UnsupportedModeError,
-                   lambda: estimator.predict(make_input_fn(), use_cs=True), fragment, "use_cs=False")
-    assert_refused(estimator, errors.UnsupportedModeError,
-                   lambda: estimator.compile(make_input_fn(), mode=ModeKeys.PREDICT), fragment)
+    assert_refused(estimator, errors.HookError,
+                   lambda: estimator.predict(make_input_fn(), hooks=[StepCounterHook()], use_cs=True),
+                   "predict(hooks=...)")
 
 
 # --------------------------------------------------------------------------- all problems at once

@@ -45,11 +45,6 @@ def check_evaluate_call(hooks: Any, steps: Any) -> list[CerebrasError]:
     return problems
 
 
-def check_predict_call() -> list[CerebrasError]:
-    """Only train and eval run on the CS system."""
-    return [
-        UnsupportedModeError(
-            "predict is not supported on the CS system: only train and eval run there.",
-            fix="Call predict(..., use_cs=False) to predict on CPU/GPU from the checkpoint the CS system wrote.",
-        )
-    ]
+def check_predict_call(hooks: Any) -> list[CerebrasError]:
+    """predict() on the CS system: no hooks."""
+    return hooks_not_supported("predict(hooks=...)", hooks, None)
