@@ -1,0 +1,58 @@
+"""A long training run on the simulated WSE, for test_acceptance's kill -9 test (not a test module).
+
+    python kill_train_script.py MODEL_DIR [MAX_STEPS]
+
+Trains a tiny regressor (so a checkpoint every 100 steps comes often) with CerebrasEstimator
+.train(use_cs=True), resuming from MODEL_DIR's latest checkpoint, until it is killed. The test imports
+model_fn and input_fn from here to evaluate and resume the same model in its own process.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+import tensorflow as tf
+
+CS_IP = "localhost:9000"
+BATCH = 8
+
+
+def input_fn(params):
+    rng = np.random.RandomState(3)
+    x = rng.randn(64, 4).astype(np.float32)
+    y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], np.float32) + 0.25).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(BATCH, drop_remainder=True)
+
+
+def model_fn(features, labels, mode, params):
+    hidden = tf.compat.v1.layers.dense(features, 8, activation=tf.nn.relu, name="hidden",
+                                       kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=1))
+    predictions = tf.compat.v1.layers.dense(hidden, 1, name="output",
+                                            kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=2))
+    loss = tf.compat.v1.losses.mean_squared_error(labels, predictions)
+    train_op = tf.compat.v1.train.AdamOptimizer(1e-3).minimize(loss, global_step=tf.compat.v1.train.get_global_step())
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op, predictions={"y": predictions})
+
+
+def make_estimator(model_dir: str):
+    from cerebras_tf import CerebrasEstimator, CSRunConfig
+
+    config = CSRunConfig(cs_ip=CS_IP, save_checkpoints_steps=100, keep_checkpoint_max=3, tf_random_seed=1,
+                         log_step_count_steps=1000)
+    return CerebrasEstimator(model_fn, model_dir=model_dir, config=config, params={})
+
+
+def main(argv: list[str]) -> None:
+    from cerebras_tf import set_default_tf_config
+
+    set_default_tf_config()
+    model_dir = argv[1]
+    max_steps = int(argv[2]) if len(argv) > 2 else 100_000_000
+    make_estimator(model_dir).train(input_fn, max_steps=max_steps, use_cs=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
