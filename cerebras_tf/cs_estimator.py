@@ -98,7 +98,9 @@ class CerebrasEstimator(EstimatorBase):
         problems += rules.config.check_tf_config()
         self._announce_system("Training")
         model = precheck(self, input_fn, ModeKeys.TRAIN, problems)
-        train_on_system(self, model, self._program_system(model).program, input_fn, steps, max_steps)
+        compiled = self._program_system(model)
+        estimate = compiled.placement.estimated_samples_per_sec if compiled.placement is not None else None
+        train_on_system(self, model, compiled.program, input_fn, steps, max_steps, estimate)
         return self
 
     def evaluate(

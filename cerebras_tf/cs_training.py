@@ -2,7 +2,7 @@
 
 Given the compiled program: variables from the latest checkpoint in
 model_dir, else TF's initial values -> for each step pull one numpy batch from
-input_fn's dataset, run it on the Executor (dynamic loss scaling), log like
+the input stream (the chief or its input workers), run it on the Executor (dynamic loss scaling), log like
 the Estimator, write loss summaries -> at save_checkpoints_steps and at the
 end write a standard TF checkpoint of every variable, which plain
 tf.estimator.Estimator.evaluate/predict/export_saved_model read.
@@ -19,7 +19,8 @@ import tensorflow as tf
 
 from cerebras_tf.amp import GradScaler
 from cerebras_tf.compiler import initial, ir
-from cerebras_tf.errors import RunArgumentError, UnsupportedTensorFlowError
+from cerebras_tf.errors import InputWorkerError, RunArgumentError, UnsupportedTensorFlowError
+from cerebras_tf.input_workers import InputStream
 from cerebras_tf.wse.executor import Executor
 from estimator import CapturedModel, EstimatorBase
 
@@ -27,8 +28,17 @@ _log = tf.compat.v1.logging
 
 
 def train_on_system(estimator: EstimatorBase, model: CapturedModel, program: ir.Program,
-                    input_fn: Callable[..., Any], steps: int | None, max_steps: int | None) -> int:
-    """Train `model` (prechecked, compiled to `program`) on the simulated WSE; returns the final global step."""
+                    input_fn: Callable[..., Any], steps: int | None, max_steps: int | None,
+                    estimated_samples_per_sec: float | None = None) -> int:
+    """Train `model` (prechecked, compiled to `program`) on the simulated WSE; returns the final global step.
+
+    Batches come from an InputStream: the chief's own process, or the input
+    workers that CSRunConfig(num_input_workers=N) or TF_CONFIG ask for.
+    `estimated_samples_per_sec` (the compile's placement estimate) is
+    summarised beside the measured rate. Training ends at the step target or
+    when input_fn's data ends; if the input workers fail, the progress made
+    since the last checkpoint is saved before the error is raised.
+    """
     config = estimator.config
     checkpoints = CheckpointWriter(program, estimator.model_dir, config.keep_checkpoint_max)
     values = checkpoints.starting_values(model, getattr(estimator, "warm_start_settings", None))
@@ -38,36 +48,93 @@ def train_on_system(estimator: EstimatorBase, model: CapturedModel, program: ir.
     if first >= last:
         _log.info("Skipping training since max_steps has already saved (global step %d).", first)
         return first
-    batches = numpy_batches(input_fn, estimator.params)
-    writer = tf.summary.create_file_writer(estimator.model_dir)
+    with tf.init_scope():  # input_fn runs eagerly, even if train() was called inside a graph
+        stream = InputStream.from_config(input_fn, estimator.params, config)
+    summaries = TrainingSummaries(estimator.model_dir, stream, estimated_samples_per_sec)
     every = max(1, config.log_step_count_steps or 100)
     save_every = config.save_checkpoints_steps
-    started, window_start, window_step = time.perf_counter(), time.perf_counter(), first
-    batch_size = None
+    started, saved = time.perf_counter(), first
     result = None
-    while executor.global_step < last:
-        features, labels = next(batches)
-        batch_size = len(features)
-        result = executor.step(features, labels)
-        step = executor.global_step
-        if step % every == 0 or step == last:
-            now = time.perf_counter()
-            rate = (step - window_step) / max(now - window_start, 1e-9)
-            window_start, window_step = now, step
-            _log.info("loss = %g, step = %d (%.1f global_step/sec, loss scale %g)", result.loss, step, rate,
-                      result.loss_scale)
-            with writer.as_default():
-                tf.summary.scalar("loss", result.loss, step=step)
-                tf.summary.scalar("loss_scale", result.loss_scale, step=step)
-                tf.summary.scalar("global_step/sec", rate, step=step)
-                tf.summary.scalar("samples/sec", rate * batch_size, step=step)
-        if save_every and step % save_every == 0 and step != last:
-            checkpoints.save(executor.variables(), step)
-    checkpoints.save(executor.variables(), executor.global_step)
-    writer.flush()
-    _log.info("Loss for final step: %g. Trained steps %d-%d in %.1f s on the simulated WSE.",
-              result.loss, first + 1, executor.global_step, time.perf_counter() - started)
+    try:
+        while executor.global_step < last:
+            try:
+                features, labels = next(stream)
+            except StopIteration:
+                _log.info("The input data ended after global step %d.", executor.global_step)
+                break
+            result = executor.step(features, labels)
+            step = executor.global_step
+            summaries.step_done(len(features))
+            if step % every == 0 or step == last:
+                summaries.write(step, result.loss, result.loss_scale)
+            if save_every and step % save_every == 0 and step != last:
+                checkpoints.save(executor.variables(), step)
+                saved = step
+    except InputWorkerError:
+        if executor.global_step > saved:
+            _log.warning("Input failed: saving the weights trained so far (global step %d).", executor.global_step)
+            checkpoints.save(executor.variables(), executor.global_step)
+        raise
+    finally:
+        stream.close()
+        summaries.close()
+    if executor.global_step > saved or result is None:
+        checkpoints.save(executor.variables(), executor.global_step)
+    if result is not None:
+        _log.info("Loss for final step: %g. Trained steps %d-%d in %.1f s on the simulated WSE.",
+                  result.loss, first + 1, executor.global_step, time.perf_counter() - started)
     return executor.global_step
+
+
+class TrainingSummaries:
+    """The chief's Estimator-style progress log and TensorBoard scalars of a run on the simulated WSE.
+
+    Every log step: loss, loss_scale, global_step/sec, samples/sec (measured on
+    this host), wse/estimated_samples_per_sec (what the compiled placement
+    predicts for the real wafer), and the input stream's throughput, wait time
+    and per-worker share (input/...).
+    """
+
+    def __init__(self, model_dir: str, stream: InputStream, estimated_samples_per_sec: float | None) -> None:
+        self._writer = tf.summary.create_file_writer(model_dir)
+        self._stream = stream
+        self._estimate = estimated_samples_per_sec
+        self._window_start = time.perf_counter()
+        self._window_steps = 0
+        self._window_samples = 0
+        if len(stream.workers) > 1:
+            _log.info("Streaming input from %d input workers: %s.", len(stream.workers), ", ".join(stream.workers))
+
+    def step_done(self, batch_size: int) -> None:
+        self._window_steps += 1
+        self._window_samples += batch_size
+
+    def write(self, step: int, loss: float, loss_scale: float | None) -> None:
+        now = time.perf_counter()
+        seconds = max(now - self._window_start, 1e-9)
+        steps_per_sec, samples_per_sec = self._window_steps / seconds, self._window_samples / seconds
+        self._window_start, self._window_steps, self._window_samples = now, 0, 0
+        input_stats = self._stream.stats()
+        _log.info("loss = %g, step = %d (%.1f global_step/sec, loss scale %g)", loss, step, steps_per_sec,
+                  loss_scale)
+        if len(self._stream.workers) > 1:
+            _log.info("Input: %s; waited %.0f%% of the time for data.",
+                      ", ".join(f"{w} {input_stats.share(w):.0%}" for w in self._stream.workers),
+                      100 * input_stats.summary_values()["input/wait_fraction"])
+        with self._writer.as_default():
+            tf.summary.scalar("loss", loss, step=step)
+            if loss_scale is not None:
+                tf.summary.scalar("loss_scale", loss_scale, step=step)
+            tf.summary.scalar("global_step/sec", steps_per_sec, step=step)
+            tf.summary.scalar("samples/sec", samples_per_sec, step=step)
+            if self._estimate is not None:
+                tf.summary.scalar("wse/estimated_samples_per_sec", self._estimate, step=step)
+            for name, value in input_stats.summary_values().items():
+                tf.summary.scalar(name, value, step=step)
+
+    def close(self) -> None:
+        self._writer.flush()
+        self._writer.close()
 
 
 def grad_scaler_for(program: ir.Program) -> GradScaler:

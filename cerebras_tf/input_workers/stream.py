@@ -341,10 +341,9 @@ class InputStream:
                         self._lost.discard(index)
                     remaining = len(addresses) - len(self._lost)
                 if lost_now:
-                    message = (
-                        f"Lost input worker {self._worker_names[index]}: nothing answers at its address. "
-                        f"Training continues on the remaining {remaining} worker(s)."
-                    )
+                    message = f"Lost input worker {self._worker_names[index]}: nothing answers at its address. " + (
+                        f"Training continues on the remaining {remaining} worker(s)." if remaining
+                        else "No input worker is left.")
                     log.warning(message)
                     warnings.warn(message, InputWorkerWarning, stacklevel=1)
                 if back_now:
