@@ -49,6 +49,7 @@ def main(argv: list[str]) -> None:
     from cerebras_tf import set_default_tf_config
 
     set_default_tf_config()
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.INFO)  # the test reads the "Restoring" line
     model_dir = argv[1]
     max_steps = int(argv[2]) if len(argv) > 2 else 100_000_000
     make_estimator(model_dir).train(input_fn, max_steps=max_steps, use_cs=True)

@@ -153,3 +153,129 @@ def test_float32_numerics_match_the_cpu_estimator_step_by_step_for_50_adam_steps
     assert {"fc1/kernel", "fc1/kernel/Adam", "fc1/kernel/Adam_1", "beta1_power", "beta2_power"} <= set(cs_final)
     for name, value in cpu_final.items():
         np.testing.assert_allclose(cs_final[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+# --------------------------------------------------------------------------- 2. float16 convergence
+
+CONVERGENCE_STEPS = 300
+
+
+def _loss_on_cpu(model_fn, input_fn, model_dir, params) -> float:
+    """The loss of model_dir's latest checkpoint, evaluated by the same script on CPU (no cs_ip)."""
+    return CerebrasEstimator(model_fn, model_dir=str(model_dir), params=dict(params)).evaluate(
+        input_fn, steps=8)["loss"]
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_float16_numerics_still_converge(tmp_path, float16_numerics, name):
+    from examples.zoo import MODELS
+
+    zoo = MODELS[name]
+    params = dict(zoo.DEFAULT_PARAMS)
+    cs_estimator(zoo.model_fn, tmp_path / "cs", params, log_step_count_steps=50).train(
+        zoo.input_fn, max_steps=CONVERGENCE_STEPS, use_cs=True)
+    cpu_estimator(zoo.model_fn, tmp_path / "cpu", params).train(zoo.input_fn, max_steps=CONVERGENCE_STEPS)
+    untrained = cpu_estimator(zoo.model_fn, tmp_path / "untrained", params)
+    untrained.train(zoo.input_fn, max_steps=1)
+
+    cs_loss = _loss_on_cpu(zoo.model_fn, zoo.input_fn, tmp_path / "cs", params)
+    cpu_loss = _loss_on_cpu(zoo.model_fn, zoo.input_fn, tmp_path / "cpu", params)
+    start_loss = _loss_on_cpu(zoo.model_fn, zoo.input_fn, tmp_path / "untrained", params)
+    assert cs_loss < 0.5 * start_loss, (cs_loss, start_loss)
+    assert cs_loss < 1.5 * cpu_loss + 0.05, (cs_loss, cpu_loss)  # as far as float32 on CPU gets
+    cs_losses = scalars(str(tmp_path / "cs"), "loss")
+    assert all(np.isfinite(loss) for loss in cs_losses.values())
+
+
+# --------------------------------------------------------------------------- 3. injected overflow
+
+OVERFLOW_BATCH = 8
+
+
+def _regression_model_fn(features, labels, mode, params):
+    hidden = tf.compat.v1.layers.dense(features, 8, activation=tf.nn.relu, name="hidden",
+                                       kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=1))
+    predictions = tf.compat.v1.layers.dense(hidden, 1, name="output",
+                                            kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=2))
+    loss = tf.compat.v1.losses.mean_squared_error(labels, predictions)
+    train_op = tf.compat.v1.train.AdamOptimizer(1e-2).minimize(loss, global_step=tf.compat.v1.train.get_global_step())
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def _regression_input_fn(overflow_first: bool):
+    """Batches of a linear target; with overflow_first, the first batch's features are 6e4 (float16 max 65504),
+    so its activations and gradients overflow in float16."""
+    def input_fn(params):
+        rng = np.random.RandomState(3)
+        x = rng.randn(64, 4).astype(np.float32)
+        y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], np.float32)).astype(np.float32)
+        normal = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(OVERFLOW_BATCH, drop_remainder=True)
+        if not overflow_first:
+            return normal
+        huge = tf.data.Dataset.from_tensors((np.full((OVERFLOW_BATCH, 4), 6e4, np.float32),
+                                             np.full((OVERFLOW_BATCH, 1), 6e4, np.float32)))
+        return huge.concatenate(normal)
+    return input_fn
+
+
+def test_an_injected_overflow_is_skipped_and_training_recovers(tmp_path, float16_numerics):
+    model_dir = str(tmp_path)
+    estimator = cs_estimator(_regression_model_fn, model_dir, log_step_count_steps=1, keep_checkpoint_max=10)
+    estimator.train(_regression_input_fn(False), max_steps=5, use_cs=True)
+    estimator.train(_regression_input_fn(True), max_steps=6, use_cs=True)  # step 6 is the overflowing batch
+
+    at_5, at_6 = checkpoint_values(os.path.join(model_dir, "model.ckpt-5")), checkpoint_values(
+        os.path.join(model_dir, "model.ckpt-6"))
+    assert (at_5.pop("global_step"), at_6.pop("global_step")) == (5, 6)  # global_step advances...
+    assert {"hidden/kernel/Adam", "beta1_power"} <= set(at_5)
+    for name, value in at_5.items():  # ...and nothing else moves: weights, Adam slots and beta powers
+        np.testing.assert_array_equal(at_6[name], value, err_msg=name)
+    assert not np.isfinite(scalars(model_dir, "loss")[6])
+
+    estimator.train(_regression_input_fn(True), max_steps=40, use_cs=True)  # overflow at step 7, then recovery
+    scales, losses = scalars(model_dir, "loss_scale"), scalars(model_dir, "loss")
+    assert scales[8] == scales[7] / 2  # halved after the overflow
+    assert all(np.isfinite(losses[step]) for step in range(8, 41))
+    assert losses[40] < 0.5 * losses[1]
+    at_40 = checkpoint_values(model_dir)
+    assert not np.array_equal(at_40["hidden/kernel"], at_6["hidden/kernel"])
+
+
+# --------------------------------------------------------------------------- 4. kill -9 and resume
+
+def test_a_run_killed_at_random_moments_leaves_a_loadable_checkpoint_and_resumes_from_it(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    import kill_train_script as script
+
+    model_dir = str(tmp_path)
+    command = [sys.executable, os.path.join(os.path.dirname(__file__), "kill_train_script.py"), model_dir]
+    rng = np.random.RandomState(0)
+    steps_seen = []
+    for attempt in range(3):
+        log_path = tmp_path / f"run{attempt}.log"
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                before = tf.train.latest_checkpoint(model_dir)
+                deadline = time.monotonic() + 120
+                while tf.train.latest_checkpoint(model_dir) == before and time.monotonic() < deadline:
+                    assert proc.poll() is None, log_path.read_text()
+                    time.sleep(0.05)
+                time.sleep(rng.uniform(0.0, 1.5))  # somewhere in the next checkpoints, maybe mid-write
+            finally:
+                proc.kill()
+                proc.wait(timeout=30)
+        latest = tf.train.latest_checkpoint(model_dir)
+        step = int(tf.train.load_checkpoint(latest).get_tensor("global_step"))
+        assert latest.endswith(f"model.ckpt-{step}")
+        steps_seen.append(step)
+        if attempt:
+            assert f"Restoring the simulated WSE's weights from {os.path.join(model_dir, 'model.ckpt-')}" \
+                in log_path.read_text()
+        # Plain TF on CPU loads it.
+        plain = tf.estimator.Estimator(script.model_fn, model_dir=model_dir, params={})
+        assert plain.evaluate(script.input_fn, steps=2)["global_step"] == step
+    assert steps_seen == sorted(steps_seen) and steps_seen[-1] > steps_seen[0]  # each run resumed and went on
