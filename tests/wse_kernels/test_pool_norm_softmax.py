@@ -38,6 +38,20 @@ def test_max_pool_grad_ties_go_to_first_max(rng):
           R.MaxPoolGrad(orig_input=x, orig_output=y, grad=g, **kw), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("shape,padding", [((3, 9, 7, 4), "VALID"), ((3, 9, 7, 4), "SAME"), ((2, 8, 8, 5), "SAME")])
+def test_max_pool_grad_relu_ties_and_nonfinite_grads(shape, padding, rng):
+    """After ReLU most 2x2 windows are all zero (ties); odd sizes crop (VALID) or pad (SAME);
+    non-finite gradients are routed unchanged and never leak into other positions."""
+    x = np.maximum(np.round(rng.normal(size=shape) * 2), 0).astype(F)
+    kw = dict(ksize=[1, 2, 2, 1], strides=[1, 2, 2, 1], padding=padding)
+    y = R.MaxPool(input=x, **kw)
+    g = rng.normal(size=y.shape).astype(F)
+    g.flat[:3] = [np.inf, -np.inf, np.nan]
+    ours = run("max_pool_grad", [x, y.numpy(), g], kw)[0]
+    theirs = R.MaxPoolGrad(orig_input=x, orig_output=y, grad=g, **kw).numpy()
+    np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32))
+
+
 @pytest.mark.parametrize("case", POOLS, ids=range(len(POOLS)))
 def test_avg_pool_and_grad(case, rng):
     shape, k, s, padding = case

@@ -11,8 +11,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from cerebras_tf.wse.kernels._registry import KernelContext, register
-from cerebras_tf.wse.threads import map_elementwise
+from cerebras_tf.wse.kernels._select import keep_where
 from cerebras_tf.wse.kernels.elementwise import SELU_ALPHA, SELU_SCALE
+from cerebras_tf.wse.threads import map_elementwise
 
 
 def _zero(x: np.ndarray) -> np.ndarray:
@@ -23,8 +24,8 @@ def _zero(x: np.ndarray) -> np.ndarray:
 def relu_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
     g, f = inputs
     if g.shape != f.shape:
-        return [np.where(f > 0, g, _zero(g))]
-    return [map_elementwise(lambda g_, f_: np.where(f_ > 0, g_, _zero(g_)), g, f)]
+        return [keep_where(f > 0, g)]
+    return [map_elementwise(lambda g_, f_: keep_where(f_ > 0, g_), g, f)]
 
 
 @register("relu6_grad")

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from cerebras_tf.wse.kernels._registry import KernelContext, register
+from cerebras_tf.wse.kernels._select import keep_where
 from cerebras_tf.wse.kernels.linalg import _Geom
 
 
@@ -62,21 +63,23 @@ def max_pool_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Kerne
     x, _, grad = inputs
     g = _geom(attrs, x.shape)
     xp, best = _max(_nhwc(x, g), g)
-    valid = _padded(np.ones((1, g.h, g.w, 1), bool), g, False)
+    padded = bool(g.pt or g.pb or g.pl or g.pr)
+    valid = _padded(np.ones((1, g.h, g.w, 1), bool), g, False) if padded else None
     gn = _nhwc(grad, g)
     dxp = np.zeros(g.padded_shape(), grad.dtype)
     found = np.zeros(best.shape, bool)
-    zero = grad.dtype.type(0)
+    hit = np.empty(best.shape, bool)
     overlap = g.kh > g.sh or g.kw > g.sw
     for _, _, rs, cs in g.taps():
-        hit = xp[:, rs, cs, :] == best
-        hit &= valid[:, rs, cs, :]
-        hit &= ~found
+        np.equal(xp[:, rs, cs, :], best, out=hit)
+        if valid is not None:
+            hit &= valid[:, rs, cs, :]
+        np.greater(hit, found, out=hit)  # a hit, and no earlier tap of its window was
         found |= hit
         if overlap:
-            dxp[:, rs, cs, :] += np.where(hit, gn, zero)
+            dxp[:, rs, cs, :] += keep_where(hit, gn)
         else:  # each input element belongs to one window at most
-            dxp[:, rs, cs, :] = np.where(hit, gn, zero)
+            dxp[:, rs, cs, :] = keep_where(hit, gn)
     return [_back(g.unpad(dxp), g)]
 
 
