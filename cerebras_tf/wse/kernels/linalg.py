@@ -4,8 +4,8 @@ Everything multiplies in float32 with float32 accumulation (BLAS sgemm): inputs
 arrive already rounded to the half dtype when the compiler inserted precision
 casts; float16 arrays are upcast and the result cast back to the input dtype.
 Convolutions are NHWC (NCHW is transposed to NHWC and back) and use im2col:
-one strided copy per filter tap (kh*kw copies, never a loop over pixels), then
-one matmul. Padding: SAME, VALID or EXPLICIT (explicit_paddings in data_format order).
+one strided copy of the patches, then one matmul; the input gradient runs one
+2-D matmul per filter tap, added into place (never a loop over pixels). Padding: SAME, VALID or EXPLICIT (explicit_paddings in data_format order).
 """
 from __future__ import annotations
 
@@ -147,6 +147,11 @@ def col2im(cols: np.ndarray, g: _Geom) -> np.ndarray:
     xp = np.zeros(g.padded_shape(), np.float32)
     for i, j, rs, cs in g.taps():
         xp[:, rs, cs, :] += cols[:, :, :, i, j, :]
+    return _unpad_grad(xp, g)
+
+
+def _unpad_grad(xp: np.ndarray, g: _Geom) -> np.ndarray:
+    """The input gradient inside a padded-input gradient."""
     if min(g.pt, g.pb, g.pl, g.pr) < 0:  # negative explicit padding: re-grow the cropped border
         full = np.zeros((g.n, g.h, g.w, g.c), np.float32)
         full[:, max(-g.pt, 0): g.h - max(-g.pb, 0), max(-g.pl, 0): g.w - max(-g.pr, 0)] = \
@@ -187,11 +192,17 @@ def conv2d_backprop_input(inputs: list[np.ndarray], attrs: Mapping[str, Any], ct
     if g.is_pointwise():
         dx = (dy32.reshape(-1, cout) @ f32.reshape(g.c, cout).T).reshape(g.n, g.h, g.w, g.c)
     else:
-        # tap-major patches [K, P, C] (one batched matmul) keep each tap's scatter-add contiguous
-        wt = f32.reshape(g.kh * g.kw, g.c, cout).transpose(0, 2, 1)
-        dcols = np.matmul(dy32.reshape(1, -1, cout), wt)
-        dx = col2im(dcols.reshape(g.kh, g.kw, g.n, g.oh, g.ow, g.c).transpose(2, 3, 4, 0, 1, 5), g)
+        dx = _scatter_taps(dy32.reshape(-1, cout), f32, g)
     return [_back(_from_nhwc(dx, g), dy)]
+
+
+def _scatter_taps(dy2: np.ndarray, f32: np.ndarray, g: _Geom) -> np.ndarray:
+    """col2im of dy2 @ f[tap].T over the taps: one 2-D BLAS matmul per tap, added straight into the
+    padded input gradient (numpy's batched matmul over a broadcast operand does not reach BLAS)."""
+    xp = np.zeros(g.padded_shape(), np.float32)
+    for i, j, rs, cs in g.taps():
+        xp[:, rs, cs, :] += (dy2 @ f32[i, j].T).reshape(g.n, g.oh, g.ow, g.c)
+    return _unpad_grad(xp, g)
 
 
 @register("conv2d_backprop_filter")
