@@ -21,6 +21,7 @@ from cerebras_tf.amp import GradScaler
 from cerebras_tf.compiler import initial, ir
 from cerebras_tf.errors import InputWorkerError, RunArgumentError, UnsupportedTensorFlowError
 from cerebras_tf.input_workers import InputStream
+from cerebras_tf.loss_scaling import STATE_SCOPE as LOSS_SCALE_SCOPE, STATE_VARIABLES
 from cerebras_tf.wse.executor import Executor
 from estimator import CapturedModel, EstimatorBase
 
@@ -42,7 +43,7 @@ def train_on_system(estimator: EstimatorBase, model: CapturedModel, program: ir.
     config = estimator.config
     checkpoints = CheckpointWriter(program, estimator.model_dir, config.keep_checkpoint_max)
     values = checkpoints.starting_values(model, getattr(estimator, "warm_start_settings", None))
-    executor = Executor(program, values, grad_scaler=grad_scaler_for(program))
+    executor = Executor(program, values, grad_scaler=checkpoints.starting_grad_scaler())
     first = executor.global_step
     last = max_steps if max_steps is not None else first + steps
     if first >= last:
@@ -68,18 +69,18 @@ def train_on_system(estimator: EstimatorBase, model: CapturedModel, program: ir.
             if step % every == 0 or step == last:
                 summaries.write(step, result.loss, result.loss_scale)
             if save_every and step % save_every == 0 and step != last:
-                checkpoints.save(executor.variables(), step)
+                checkpoints.save(executor, step)
                 saved = step
     except InputWorkerError:
         if executor.global_step > saved:
             _log.warning("Input failed: saving the weights trained so far (global step %d).", executor.global_step)
-            checkpoints.save(executor.variables(), executor.global_step)
+            checkpoints.save(executor, executor.global_step)
         raise
     finally:
         stream.close()
         summaries.close()
     if executor.global_step > saved or result is None:
-        checkpoints.save(executor.variables(), executor.global_step)
+        checkpoints.save(executor, executor.global_step)
     if result is not None:
         _log.info("Loss for final step: %g. Trained steps %d-%d in %.1f s on the simulated WSE.",
                   result.loss, first + 1, executor.global_step, time.perf_counter() - started)
@@ -183,16 +184,19 @@ def warm_start_values(settings: Any, program: ir.Program) -> dict[str, np.ndarra
 
 
 class CheckpointWriter:
-    """Writes every program variable, under its TF name, as a standard TF checkpoint in model_dir."""
+    """Writes every program variable, under its TF name, and the dynamic loss scale's state (amp/...,
+    as amp.optimizer_step names it on CPU) as a standard TF checkpoint in model_dir."""
 
     def __init__(self, program: ir.Program, model_dir: str, keep_checkpoint_max: int | None) -> None:
         self.program = program
         self.model_dir = model_dir
         self._graph = tf.Graph()
+        specs = {v.name: (v.dtype, v.shape) for v in program.variables}
+        specs.update({_loss_scale_name(key): (dtype, ()) for key, dtype in STATE_VARIABLES.items()})
         with self._graph.as_default():
-            self._feeds = {v.name: tf.compat.v1.placeholder(v.dtype, v.shape) for v in program.variables}
-            variables = {v.name: tf.compat.v1.Variable(self._feeds[v.name], name=v.name, trainable=False)
-                         for v in program.variables}
+            self._feeds = {name: tf.compat.v1.placeholder(dtype, shape) for name, (dtype, shape) in specs.items()}
+            variables = {name: tf.compat.v1.Variable(feed, name=name, trainable=False)
+                         for name, feed in self._feeds.items()}
             self._init = tf.compat.v1.variables_initializer(list(variables.values()))
             self._saver = tf.compat.v1.train.Saver(variables, max_to_keep=keep_checkpoint_max, save_relative_paths=True)
         self._session = tf.compat.v1.Session(graph=self._graph)
@@ -211,14 +215,31 @@ class CheckpointWriter:
             values.update(warm_start_values(warm_start, self.program))
         return values
 
-    def save(self, values: dict[str, np.ndarray], step: int) -> str:
+    def starting_grad_scaler(self) -> GradScaler:
+        """The program's GradScaler, continuing from the loss-scale state in model_dir's latest checkpoint."""
+        scaler = grad_scaler_for(self.program)
+        latest = tf.train.latest_checkpoint(self.model_dir)
+        if latest is not None:
+            reader = tf.train.load_checkpoint(latest)
+            scaler.load_state_dict({key: reader.get_tensor(_loss_scale_name(key)) for key in STATE_VARIABLES
+                                    if reader.has_tensor(_loss_scale_name(key))})
+        return scaler
+
+    def save(self, executor: Executor, step: int) -> str:
         """Write model.ckpt-<step>; the `checkpoint` index is updated last, so a crash leaves the previous one."""
+        values = executor.variables()
+        state = executor.grad_scaler.state_dict() if executor.grad_scaler is not None else {}
+        values.update({_loss_scale_name(key): state.get(key, 0) for key in STATE_VARIABLES})
         with self._graph.as_default():
             self._session.run(self._init, {self._feeds[name]: value for name, value in values.items()})
             path = self._saver.save(self._session, os.path.join(self.model_dir, "model.ckpt"), global_step=step,
                                     write_meta_graph=False)
         _log.info("Saving checkpoints for %d into %s.", step, path)
         return path
+
+
+def _loss_scale_name(key: str) -> str:
+    return f"{LOSS_SCALE_SCOPE}/{key}"
 
 
 def checkpoint_to_evaluate(model_dir: str, checkpoint_path: str | None, call: str = "evaluate") -> str:

@@ -52,10 +52,10 @@ def optimizer_step(
         gradients in every mode (mutually exclusive); with the scaler's own
         ``max_gradient_norm`` the smaller bound applies.
 
-    On CPU/GPU this builds TF ops; the scale and its counters are local
-    (non-trainable, not checkpointed) variables under ``amp/``, so, as on
-    the CS system, each ``train()`` call starts from ``init_scale``; a
-    ``loss_scale`` summary is added. When the model is captured for the
+    On CPU/GPU this builds TF ops; a dynamic scale and its counters are
+    non-trainable variables under ``amp/`` (STATE_VARIABLES), saved in
+    checkpoints as on the CS system, so a resumed run continues with its
+    scale; a ``loss_scale`` summary is added. When the model is captured for the
     (simulated) CS system it emits only
     ``optimizer.apply_gradients(optimizer.compute_gradients(loss), global_step)``
     and records the settings for the executor, which scales natively.
@@ -70,10 +70,15 @@ def optimizer_step(
     return _scaled_step(loss, optimizer, scaler, global_step)
 
 
-def _local_variable(name: str, value: Any, dtype: tf.DType) -> tf.Variable:
+# The dynamic scale's state, checkpointed under STATE_SCOPE/<key> by both paths (keys of GradScaler.state_dict()),
+# so a resumed run, on CPU or on the CS system, continues with the scale it had.
+STATE_VARIABLES: dict[str, tf.DType] = {
+    "loss_scale": tf.float64, "steps_since_rescale": tf.int64, "overflows_since_rescale": tf.int64}
+
+
+def _state_variable(name: str, value: Any) -> tf.Variable:
     return tf.compat.v1.get_variable(
-        name, initializer=tf.constant(value, dtype), trainable=False, use_resource=True,
-        collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+        name, initializer=tf.constant(value, STATE_VARIABLES[name]), trainable=False, use_resource=True)
 
 
 def _map_values(fn: Any, grad: Any) -> Any:
@@ -88,13 +93,15 @@ def _scaled_step(loss: tf.Tensor, optimizer: tf.compat.v1.train.Optimizer, scale
     """The TF-ops version of one GradScaler step (see cerebras_tf/amp/grad_scaler.py)."""
     with tf.compat.v1.variable_scope(STATE_SCOPE):
         # The scale is kept in float64 (GradScaler's Python float) and used as float32, like the executor.
-        scale_var = _local_variable("loss_scale", scaler.scale, tf.float64)
-        steps_var = overflows_var = None
+        scale_var = steps_var = overflows_var = None
         if scaler.dynamic:
-            steps_var = _local_variable("steps_since_rescale", 0, tf.int64)
+            scale_var = _state_variable("loss_scale", scaler.scale)
+            steps_var = _state_variable("steps_since_rescale", 0)
             if scaler.overflow_tolerance > 0:
-                overflows_var = _local_variable("overflows_since_rescale", 0, tf.int64)
-        scale64 = scale_var.read_value()
+                overflows_var = _state_variable("overflows_since_rescale", 0)
+            scale64 = scale_var.read_value()
+        else:
+            scale64 = tf.constant(scaler.scale, tf.float64)
         scale = tf.cast(scale64, tf.float32)
         scaled_loss = loss * tf.cast(scale, loss.dtype)
     tf.compat.v1.summary.scalar("loss_scale", scale)  # the scale used for this step, as on the CS system

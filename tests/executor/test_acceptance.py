@@ -149,7 +149,8 @@ def test_float32_numerics_match_the_cpu_estimator_step_by_step_for_50_adam_steps
 
     cs_final, cpu_final = checkpoint_values(cs_dir), checkpoint_values(cpu_dir)
     assert tf.train.latest_checkpoint(cs_dir).endswith(f"model.ckpt-{PARITY_STEPS}")
-    assert set(cs_final) == set(cpu_final)
+    loss_scale_state = {"amp/loss_scale", "amp/steps_since_rescale", "amp/overflows_since_rescale"}
+    assert set(cs_final) == set(cpu_final) | loss_scale_state  # the executor's dynamic scale is checkpointed too
     assert {"fc1/kernel", "fc1/kernel/Adam", "fc1/kernel/Adam_1", "beta1_power", "beta2_power"} <= set(cs_final)
     for name, value in cpu_final.items():
         np.testing.assert_allclose(cs_final[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
@@ -168,22 +169,22 @@ def _loss_on_cpu(model_fn, input_fn, model_dir, params) -> float:
 
 @pytest.mark.parametrize("name", ["mlp", "cnn"])
 def test_float16_numerics_still_converge(tmp_path, float16_numerics, name):
+    """300 steps in float16 bring the loss below 0.35x the untrained loss (observed: 0.05-0.25x; float32 on CPU
+    lands in the same range, which varies with the zoo's unseeded initializers)."""
     from examples.zoo import MODELS
 
     zoo = MODELS[name]
     params = dict(zoo.DEFAULT_PARAMS)
     cs_estimator(zoo.model_fn, tmp_path / "cs", params, log_step_count_steps=50).train(
         zoo.input_fn, max_steps=CONVERGENCE_STEPS, use_cs=True)
-    cpu_estimator(zoo.model_fn, tmp_path / "cpu", params).train(zoo.input_fn, max_steps=CONVERGENCE_STEPS)
     untrained = cpu_estimator(zoo.model_fn, tmp_path / "untrained", params)
     untrained.train(zoo.input_fn, max_steps=1)
 
     cs_loss = _loss_on_cpu(zoo.model_fn, zoo.input_fn, tmp_path / "cs", params)
-    cpu_loss = _loss_on_cpu(zoo.model_fn, zoo.input_fn, tmp_path / "cpu", params)
     start_loss = _loss_on_cpu(zoo.model_fn, zoo.input_fn, tmp_path / "untrained", params)
-    assert cs_loss < 0.5 * start_loss, (cs_loss, start_loss)
-    assert cs_loss < 1.5 * cpu_loss + 0.05, (cs_loss, cpu_loss)  # as far as float32 on CPU gets
+    assert cs_loss < 0.35 * start_loss, (cs_loss, start_loss)
     cs_losses = scalars(str(tmp_path / "cs"), "loss")
+    assert sorted(cs_losses) == list(range(50, CONVERGENCE_STEPS + 1, 50))
     assert all(np.isfinite(loss) for loss in cs_losses.values())
 
 
@@ -227,6 +228,8 @@ def test_an_injected_overflow_is_skipped_and_training_recovers(tmp_path, float16
     at_5, at_6 = checkpoint_values(os.path.join(model_dir, "model.ckpt-5")), checkpoint_values(
         os.path.join(model_dir, "model.ckpt-6"))
     assert (at_5.pop("global_step"), at_6.pop("global_step")) == (5, 6)  # global_step advances...
+    assert at_6.pop("amp/loss_scale") == at_5.pop("amp/loss_scale") / 2  # ...the checkpointed scale halves...
+    at_5.pop("amp/steps_since_rescale"), at_6.pop("amp/steps_since_rescale")
     assert {"hidden/kernel/Adam", "beta1_power"} <= set(at_5)
     for name, value in at_5.items():  # ...and nothing else moves: weights, Adam slots and beta powers
         np.testing.assert_array_equal(at_6[name], value, err_msg=name)
@@ -234,6 +237,7 @@ def test_an_injected_overflow_is_skipped_and_training_recovers(tmp_path, float16
 
     estimator.train(_regression_input_fn(True), max_steps=40, use_cs=True)  # overflow at step 7, then recovery
     scales, losses = scalars(model_dir, "loss_scale"), scalars(model_dir, "loss")
+    assert scales[7] == checkpoint_values(os.path.join(model_dir, "model.ckpt-6"))["amp/loss_scale"]  # resumed
     assert scales[8] == scales[7] / 2  # halved after the overflow
     assert all(np.isfinite(losses[step]) for step in range(8, 41))
     assert losses[40] < 0.5 * losses[1]
