@@ -47,6 +47,7 @@ FLOAT32_MODE = "float32"  # no half rounding at all: the simulator computes in f
 _F32_MANTISSA_BITS = 23
 _ABS_MASK = np.uint32(0x7FFFFFFF)
 _SIGN_MASK = np.uint32(0x80000000)
+_EXPONENT_MASK = np.uint32(0x7F800000)
 
 
 @dataclass(frozen=True)
@@ -142,12 +143,13 @@ def half_format(dtype: Any = None) -> HalfFormat:
     return _FORMATS[_half_dtype if dtype is None else _canonical(dtype)]
 
 
-def _round_bfloat16(x: np.ndarray) -> np.ndarray:
+def _round_bfloat16(x: np.ndarray, out: np.ndarray) -> None:
     """bfloat16 keeps float32's exponent: round-to-nearest-even on the top 16 bits."""
     u = x.view(np.uint32)
+    r = out.view(np.uint32)
     # Add 0x7FFF plus the lowest kept bit, then truncate; a carry into the exponent
     # (or up to the inf pattern) is the correct IEEE result, subnormals included.
-    r = np.right_shift(u, np.uint32(16))
+    np.right_shift(u, np.uint32(16), out=r)
     np.bitwise_and(r, np.uint32(1), out=r)
     np.add(r, u, out=r)
     np.add(r, np.uint32(0x7FFF), out=r)
@@ -155,10 +157,9 @@ def _round_bfloat16(x: np.ndarray) -> np.ndarray:
     nan = np.isnan(x)
     if nan.any():  # NaN payloads may have rounded to inf or wrapped: keep the input
         np.copyto(r, u, where=nan)
-    return r.view(np.float32)
 
 
-def _round_narrow(x: np.ndarray, fmt: HalfFormat) -> np.ndarray:
+def _round_narrow(x: np.ndarray, fmt: HalfFormat, out: np.ndarray) -> None:
     """Formats with fewer exponent bits than float32 (float16, cbfloat16).
 
     Branch-free: with ``e = max(exponent(|x|), emin)`` and ``C = 2**(e + 23 - M)``,
@@ -167,39 +168,47 @@ def _round_narrow(x: np.ndarray, fmt: HalfFormat) -> np.ndarray:
     rounding (normal and subnormal alike) and ``(|x| + C) - C`` is exact. Values
     beyond the format's range then overflow to inf by an exact scaling
     ``* 2**(127 - bias) * 2**(bias - 127)``; inf and NaN pass through unchanged.
+    One temporary; every other pass writes into ``out``.
     """
     u = x.view(np.uint32)
-    a = np.bitwise_and(u, _ABS_MASK)
     shift = _F32_MANTISSA_BITS - fmt.mantissa_bits
-    c = np.right_shift(a, np.uint32(_F32_MANTISSA_BITS))
-    lo = fmt.min_exponent + 127
-    hi = 254 - shift  # keeps C finite; such |x| overflow the format anyway
-    np.clip(c, np.uint32(lo), np.uint32(hi), out=c)
-    np.add(c, np.uint32(shift), out=c)
-    np.left_shift(c, np.uint32(_F32_MANTISSA_BITS), out=c)
+    lo = np.uint32((fmt.min_exponent + 127) << _F32_MANTISSA_BITS)
+    hi = np.uint32((254 - shift) << _F32_MANTISSA_BITS)  # keeps C finite; such |x| overflow the format anyway
+    c = np.bitwise_and(u, _EXPONENT_MASK)  # exponent(|x|) in place
+    np.clip(c, lo, hi, out=c)
+    np.add(c, np.uint32(shift << _F32_MANTISSA_BITS), out=c)
     big = c.view(np.float32)
+    r = out.view(np.uint32)
+    np.bitwise_and(u, _ABS_MASK, out=r)
     with np.errstate(over="ignore", invalid="ignore"):
-        s = a.view(np.float32) + big
-        s -= big
-        s *= np.float32(2.0 ** (127 - fmt.bias))  # |s| >= 2**(bias+1) -> inf, others exact
-        s *= np.float32(2.0 ** (fmt.bias - 127))
-    r = s.view(np.uint32)
-    np.bitwise_and(u, _SIGN_MASK, out=a)
-    np.bitwise_or(r, a, out=r)
-    return s
+        np.add(out, big, out=out)
+        np.subtract(out, big, out=out)
+        np.multiply(out, np.float32(2.0 ** (127 - fmt.bias)), out=out)  # |s| >= 2**(bias+1) -> inf, others exact
+        np.multiply(out, np.float32(2.0 ** (fmt.bias - 127)), out=out)
+    np.bitwise_and(u, _SIGN_MASK, out=c)
+    np.bitwise_or(r, c, out=r)
 
 
-def round_to_half(x: Any, dtype: str | None = None) -> np.ndarray:
+def round_to_half(x: Any, dtype: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """Round ``x`` to the half format ``dtype`` (default: the selected one).
 
-    Returns a new float32 array of the same shape whose values are exactly
+    Returns a float32 array of the same shape whose values are exactly
     representable in the format (round-to-nearest-even, IEEE overflow to +-inf,
-    subnormals kept, NaN preserved). Fully vectorised on uint32 views.
+    subnormals kept, NaN preserved): a new one, or ``out`` (a C-contiguous
+    float32 array of x's size that does not overlap x). Fully vectorised on
+    uint32 views.
     """
     fmt = half_format(dtype)
     arr = np.asarray(x, dtype=np.float32)
+    if out is None:
+        out = np.empty(arr.shape, np.float32)
+    elif out.dtype != np.float32 or out.size != arr.size or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous float32 array of {arr.size} elements")
+    flat, flat_out = np.ascontiguousarray(arr).reshape(-1), out.reshape(-1)
     if fmt.name == FLOAT32_MODE:
-        return arr.copy()
-    flat = np.ascontiguousarray(arr).reshape(-1)
-    rounded = _round_bfloat16(flat) if fmt.exponent_bits == 8 else _round_narrow(flat, fmt)
-    return rounded.reshape(arr.shape)
+        np.copyto(flat_out, flat)
+    elif fmt.exponent_bits == 8:
+        _round_bfloat16(flat, flat_out)
+    else:
+        _round_narrow(flat, fmt, flat_out)
+    return out.reshape(arr.shape)

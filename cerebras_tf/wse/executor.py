@@ -174,7 +174,7 @@ class Executor:
         if self.half_dtype == FLOAT32_MODE:
             return [inputs[0]]
         half = self.half_dtype
-        return [map_elementwise(lambda x: round_to_half(x, half), np.asarray(inputs[0], dtype=np.float32))]
+        return [map_elementwise(lambda x, out: round_to_half(x, half, out), np.asarray(inputs[0], dtype=np.float32))]
 
     def _reads_without_copy(self) -> set[int]:
         """read_variable kernels whose value (or a view of it) no kernel uses after the variable is

@@ -43,16 +43,14 @@ def split_range(size: int, work: Callable[[int, int], None]) -> None:
         future.result()
 
 
-def map_elementwise(fn: Callable[..., np.ndarray], *arrays: np.ndarray, dtype: Any = None) -> np.ndarray:
-    """fn(*arrays) for same-shaped arrays, computed on flat slices in parallel when they are big."""
+def map_elementwise(fn: Callable[..., Any], *arrays: np.ndarray, dtype: Any = None) -> np.ndarray:
+    """A new array `out` (arrays[0]'s shape, `dtype` or arrays[0]'s) filled by `fn(*arrays, out=out)`
+    for same-shaped arrays, on flat slices in parallel when they are big; fn writes every element."""
     flats = [np.ascontiguousarray(a).reshape(-1) for a in arrays]
-    size = flats[0].size
-    if min(host_threads(), size // MIN_ELEMENTS_PER_THREAD) <= 1:
-        return np.asarray(fn(*arrays))
     out = np.empty(arrays[0].shape, dtype or arrays[0].dtype)
     flat_out = out.reshape(-1)
 
     def work(lo: int, hi: int) -> None:
-        flat_out[lo:hi] = fn(*(f[lo:hi] for f in flats))
-    split_range(size, work)
+        fn(*(f[lo:hi] for f in flats), out=flat_out[lo:hi])
+    split_range(flat_out.size, work)
     return out

@@ -242,3 +242,14 @@ def test_amp_modules_never_import_tensorflow():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "cbfloat16", "float32"])
+def test_round_to_half_into_out(dtype):
+    x = np.array([[1.0001, -3e-6], [7e4, np.nan]], np.float32)
+    out = np.empty((2, 2), np.float32)
+    got = amp.round_to_half(x, dtype, out=out)
+    assert got.base is out or got is out
+    np.testing.assert_array_equal(out, amp.round_to_half(x, dtype))
+    with pytest.raises(ValueError, match="C-contiguous float32"):
+        amp.round_to_half(x, dtype, out=np.empty(3, np.float32))

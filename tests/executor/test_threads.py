@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
 from cerebras_tf.wse import threads
@@ -25,3 +26,13 @@ def test_split_range_covers_every_index_once(size, monkeypatch):
     expected_parts = max(1, min(3, size // threads.MIN_ELEMENTS_PER_THREAD))
     assert len(covered) == expected_parts
     assert (len(names) > 1) == (expected_parts > 1)  # the caller works too, the pool takes the rest
+
+
+@pytest.mark.parametrize("size", [0, 7, threads.MIN_ELEMENTS_PER_THREAD * 3 + 1])
+def test_map_elementwise_fills_a_new_array_slice_by_slice(size, monkeypatch):
+    monkeypatch.setattr(threads, "host_threads", lambda: 3)
+    a = np.arange(size, dtype=np.float32).reshape(-1, 1)
+    b = np.full(a.shape, 2, np.float32)
+    out = threads.map_elementwise(lambda x, y, out: np.multiply(x, y, out=out), a, b, dtype=np.float64)
+    assert out.shape == a.shape and out.dtype == np.float64
+    np.testing.assert_array_equal(out, a * 2)

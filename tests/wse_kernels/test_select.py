@@ -22,3 +22,10 @@ def test_keep_where_broadcasts_and_keeps_integers():
     np.testing.assert_array_equal(keep_where(np.array([[True], [False]]), np.arange(3, dtype=np.float32)),
                                   [[0, 1, 2], [0, 0, 0]])
     np.testing.assert_array_equal(keep_where(np.array([True, False]), np.array([4, 5])), [4, 0])
+
+
+def test_keep_where_writes_into_out():
+    x = np.array([1.0, -2.0, np.nan], np.float32)
+    out = np.full(3, 7, np.float32)
+    assert keep_where(np.array([True, False, True]), x, out) is out
+    np.testing.assert_array_equal(out, [1.0, 0.0, np.nan])

@@ -25,7 +25,7 @@ def relu_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelCon
     g, f = inputs
     if g.shape != f.shape:
         return [keep_where(f > 0, g)]
-    return [map_elementwise(lambda g_, f_: keep_where(f_ > 0, g_), g, f)]
+    return [map_elementwise(lambda g_, f_, out: keep_where(f_ > 0, g_, out), g, f)]
 
 
 @register("relu6_grad")
