@@ -19,7 +19,6 @@ the InputStream alone, without training.
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import signal
 import subprocess
@@ -38,6 +37,7 @@ import cerebras_tf  # noqa: E402
 from cerebras_tf import CerebrasEstimator, CSRunConfig  # noqa: E402
 from cerebras_tf.input_workers import Cluster, InputStream  # noqa: E402
 from cerebras_tf.input_workers.service import free_port  # noqa: E402
+from cerebras_tf.tensorboard import read_scalars  # noqa: E402
 
 TARGET_RATIO = 1.6
 BATCH = 32
@@ -106,16 +106,6 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             proc.wait()
 
 
-def _scalars(model_dir: str, tag: str) -> dict[int, float]:
-    found = {}
-    for path in glob.glob(os.path.join(model_dir, "events.out.tfevents.*")):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            for value in event.summary.value:
-                if value.tag == tag:
-                    found[event.step] = float(tf.make_ndarray(value.tensor))
-    return found
-
-
 def train(workers: int, embedded: bool, params: dict, steps: int, log_every: int) -> tuple[float, str, float]:
     """Train on the simulated WSE; returns samples/s, worker shares and the input-wait fraction it reported."""
     procs: list[subprocess.Popen] = []
@@ -129,10 +119,10 @@ def train(workers: int, embedded: bool, params: dict, steps: int, log_every: int
         with tempfile.TemporaryDirectory() as model_dir:
             estimator = CerebrasEstimator(model_fn, model_dir=model_dir, params=params, config=CSRunConfig(**config))
             estimator.train(input_fn, max_steps=steps)
-            rates = _scalars(model_dir, "samples/sec")
+            rates = read_scalars(model_dir, "samples/sec")
             measured = [rates[step] for step in sorted(rates)[1:]]  # the first window includes start-up
-            shares = [_scalars(model_dir, f"input/worker_{i}_share").get(steps) for i in range(max(workers, 1))]
-            wait = _scalars(model_dir, "input/wait_fraction").get(steps, float("nan"))
+            shares = [read_scalars(model_dir, f"input/worker_{i}_share").get(steps) for i in range(max(workers, 1))]
+            wait = read_scalars(model_dir, "input/wait_fraction").get(steps, float("nan"))
     finally:
         os.environ.pop("TF_CONFIG", None)
         cerebras_tf.set_default_tf_config()  # a lone chief

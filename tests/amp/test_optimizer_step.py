@@ -19,6 +19,7 @@ from cerebras_tf.amp import GradScaler
 from cerebras_tf.compiler import initial, ir
 from cerebras_tf.compiler.driver import program_hash
 from cerebras_tf.precheck import precheck
+from cerebras_tf.tensorboard import read_scalars
 from cerebras_tf.wse.executor import Executor
 from estimator import ModeKeys
 
@@ -105,14 +106,7 @@ def _expected_scales(settings, pattern=PATTERN):
 
 
 def _scalars(model_dir, tag):
-    values = {}
-    for path in glob.glob(os.path.join(str(model_dir), "events.out.tfevents.*")):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            for value in event.summary.value:
-                if value.tag == tag:
-                    values[event.step] = (float(tf.make_ndarray(value.tensor)) if value.HasField("tensor")
-                                          else value.simple_value)
-    return values
+    return read_scalars(str(model_dir), tag)
 
 
 def _checkpointed_scale(state, settings):

@@ -1,4 +1,5 @@
-"""A long training run on the simulated WSE, for test_acceptance's kill -9 test (not a test module).
+"""A long training run on the simulated WSE, for test_acceptance's kill -9 test (not a test module);
+its regression model also serves the injected-overflow test.
 
     python kill_train_script.py MODEL_DIR [MAX_STEPS]
 
@@ -33,7 +34,8 @@ def model_fn(features, labels, mode, params):
     predictions = tf.compat.v1.layers.dense(hidden, 1, name="output",
                                             kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=2))
     loss = tf.compat.v1.losses.mean_squared_error(labels, predictions)
-    train_op = tf.compat.v1.train.AdamOptimizer(1e-3).minimize(loss, global_step=tf.compat.v1.train.get_global_step())
+    optimizer = tf.compat.v1.train.AdamOptimizer(params.get("learning_rate", 1e-3))
+    train_op = optimizer.minimize(loss, global_step=tf.compat.v1.train.get_global_step())
     return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op, predictions={"y": predictions})
 
 

@@ -16,14 +16,13 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import glob
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import cerebras_tf
 from cerebras_tf import CerebrasEstimator, CSRunConfig, amp, set_default_tf_config
+from cerebras_tf.tensorboard import read_scalars as scalars
 
 CS_IP = "localhost:9000"
 
@@ -62,21 +61,6 @@ def float16_numerics():
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def scalars(model_dir: str, tag: str) -> dict[int, float]:
-    """step -> value of the scalar summary `tag` in model_dir's event files (TF1 simple_value or TF2 tensor)."""
-    found: dict[int, float] = {}
-    for path in sorted(glob.glob(os.path.join(model_dir, "events.out.tfevents.*"))):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            for value in event.summary.value:
-                if value.tag != tag:
-                    continue
-                if value.HasField("tensor"):
-                    found[event.step] = float(tf.make_ndarray(value.tensor))
-                else:
-                    found[event.step] = float(value.simple_value)
-    return found
 
 
 def checkpoint_values(path: str) -> dict[str, np.ndarray]:
@@ -190,38 +174,27 @@ def test_float16_numerics_still_converge(tmp_path, float16_numerics, name):
 
 # --------------------------------------------------------------------------- 3. injected overflow
 
-OVERFLOW_BATCH = 8
-
-
-def _regression_model_fn(features, labels, mode, params):
-    hidden = tf.compat.v1.layers.dense(features, 8, activation=tf.nn.relu, name="hidden",
-                                       kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=1))
-    predictions = tf.compat.v1.layers.dense(hidden, 1, name="output",
-                                            kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=2))
-    loss = tf.compat.v1.losses.mean_squared_error(labels, predictions)
-    train_op = tf.compat.v1.train.AdamOptimizer(1e-2).minimize(loss, global_step=tf.compat.v1.train.get_global_step())
-    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
-
-
 def _regression_input_fn(overflow_first: bool):
-    """Batches of a linear target; with overflow_first, the first batch's features are 6e4 (float16 max 65504),
+    """kill_train_script's batches; with overflow_first, first a batch whose features are 6e4 (float16 max 65504),
     so its activations and gradients overflow in float16."""
+    import kill_train_script as script
+
     def input_fn(params):
-        rng = np.random.RandomState(3)
-        x = rng.randn(64, 4).astype(np.float32)
-        y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], np.float32)).astype(np.float32)
-        normal = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(OVERFLOW_BATCH, drop_remainder=True)
+        normal = script.input_fn(params)
         if not overflow_first:
             return normal
-        huge = tf.data.Dataset.from_tensors((np.full((OVERFLOW_BATCH, 4), 6e4, np.float32),
-                                             np.full((OVERFLOW_BATCH, 1), 6e4, np.float32)))
+        huge = tf.data.Dataset.from_tensors((np.full((script.BATCH, 4), 6e4, np.float32),
+                                             np.full((script.BATCH, 1), 6e4, np.float32)))
         return huge.concatenate(normal)
     return input_fn
 
 
 def test_an_injected_overflow_is_skipped_and_training_recovers(tmp_path, float16_numerics):
     model_dir = str(tmp_path)
-    estimator = cs_estimator(_regression_model_fn, model_dir, log_step_count_steps=1, keep_checkpoint_max=10)
+    import kill_train_script as script
+
+    estimator = cs_estimator(script.model_fn, model_dir, {"learning_rate": 1e-2}, log_step_count_steps=1,
+                             keep_checkpoint_max=10)
     estimator.train(_regression_input_fn(False), max_steps=5, use_cs=True)
     estimator.train(_regression_input_fn(True), max_steps=6, use_cs=True)  # step 6 is the overflowing batch
 

@@ -1,7 +1,6 @@
 """train(use_cs=True) fed by input workers: embedded, and as `python -m cerebras_tf.input_worker` processes."""
 from __future__ import annotations
 
-import glob
 import os
 import time
 
@@ -11,6 +10,7 @@ import tensorflow as tf
 
 from cerebras_tf import CerebrasEstimator, CSRunConfig, cs_training, set_default_tf_config
 from cerebras_tf.errors import InputWorkerError
+from cerebras_tf.tensorboard import read_scalars as scalars
 from cerebras_tf.input_workers import Cluster
 from cerebras_tf.input_workers.service import free_port, is_listening
 from cerebras_tf.wse.executor import Executor
@@ -58,16 +58,6 @@ def at_step(monkeypatch):
 
     monkeypatch.setattr(cs_training, "Executor", Instrumented)
     return actions.__setitem__
-
-
-def scalars(model_dir: str, tag: str) -> dict[int, float]:
-    found = {}
-    for path in glob.glob(os.path.join(model_dir, "events.out.tfevents.*")):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            for value in event.summary.value:
-                if value.tag == tag:
-                    found[event.step] = float(tf.make_ndarray(value.tensor))
-    return found
 
 
 def train(model_dir, max_steps, **config):
