@@ -8,7 +8,13 @@ Models: the MLP 784-500-300-10 (batch 256, Adam) and the zoo CNN (conv + batch n
 Momentum) at 32x32x3, filters 32/64/64, batch 64. Each side runs in its own subprocess so peak
 RSS is its own; both read the same pre-made batches' worth of work per step.
 
-    .venv/bin/python benchmarks/executor_bench.py [--steps 100]
+    .venv/bin/python benchmarks/executor_bench.py [--steps 100] [--openblas-coretype auto]
+
+numpy's bundled OpenBLAS (0.3.23) picks its kernels from the CPU model and falls back to AVX2
+("Haswell") kernels on CPUs it does not know, such as AMD Zen 5, while TensorFlow's oneDNN uses
+AVX-512 there. `--openblas-coretype auto` sets OPENBLAS_CORETYPE=SkylakeX (the AVX-512 kernels)
+for both sides when the CPU has AVX-512 F/BW/DQ/VL and the variable is not already set;
+TensorFlow does not use OpenBLAS. The default leaves the environment alone.
 """
 from __future__ import annotations
 
@@ -23,6 +29,27 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH = 256
+
+
+_AVX512_FLAGS = {"avx512f", "avx512bw", "avx512dq", "avx512vl"}
+
+
+def _openblas_env(choice: str) -> dict[str, str]:
+    """The environment for the measuring subprocesses, with OPENBLAS_CORETYPE per --openblas-coretype."""
+    env = dict(os.environ)
+    if choice == "none" or "OPENBLAS_CORETYPE" in env:
+        return env
+    if choice != "auto":
+        env["OPENBLAS_CORETYPE"] = choice
+        return env
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    if _AVX512_FLAGS <= set(flags):
+        env["OPENBLAS_CORETYPE"] = "SkylakeX"
+    return env
 
 
 CNN_PARAMS = {"batch_size": 64, "image_size": 32, "channels": 3, "filters": [32, 64, 64], "num_classes": 10,
@@ -95,6 +122,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--models", default="mlp,cnn")
+    parser.add_argument("--openblas-coretype", default="none",
+                        help="none (default: leave the environment), auto (AVX-512 kernels when the CPU has them), "
+                             "or an OpenBLAS core name such as SkylakeX")
     parser.add_argument("--side", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -102,14 +132,17 @@ def main() -> None:
         sys.path.insert(0, ROOT)
         print(json.dumps(_measure(args.model, args.side, args.steps)))
         return
+    env = _openblas_env(args.openblas_coretype)
     print(f"{args.steps} steps after 5 warm-up steps each, {os.cpu_count()}-core CPU; "
-          "MLP 784-500-300-10 batch 256 Adam; CNN 32x32x3 filters 32/64/64 batch 64 Momentum")
+          "MLP 784-500-300-10 batch 256 Adam; CNN 32x32x3 filters 32/64/64 batch 64 Momentum; "
+          f"OPENBLAS_CORETYPE={env.get('OPENBLAS_CORETYPE', '(unset)')}")
     print(f"{'model':<6} {'side':<14} {'steps/s':>9} {'vs TF':>7} {'peak RSS MB':>12}")
     for model_name in args.models.split(","):
         rows = {}
         for side in ("tf", "ours-float16", "ours-float32"):
             out = subprocess.run([sys.executable, __file__, "--model", model_name, "--side", side,
-                                  "--steps", str(args.steps)], capture_output=True, text=True, check=True, cwd=ROOT)
+                                  "--steps", str(args.steps)], capture_output=True, text=True, check=True, cwd=ROOT,
+                                 env=env)
             rows[side] = json.loads(out.stdout.strip().splitlines()[-1])
         for side, row in rows.items():
             ratio = row["steps_per_sec"] / rows["tf"]["steps_per_sec"]
