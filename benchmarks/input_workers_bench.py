@@ -1,11 +1,14 @@
 """Input-worker benchmark: an input-bound pipeline trained on the simulated WSE with 1 and 2 input workers.
 
-Usage: python benchmarks/input_workers_bench.py [--steps 240] [--cost 32] [--embedded] [--stream-only]
+Usage: python benchmarks/input_workers_bench.py [--steps 240] [--cost 256] [--embedded] [--stream-only]
 
 The pipeline's map is expensive (a chain of small matmuls per sample) and runs
 sequentially with one intra-op thread, so one worker uses about one core: what
 a second worker adds is a second core's worth of input. The model is small, so
-the simulated WSE waits for data. In one run, CerebrasEstimator.train(use_cs=True)
+the simulated WSE waits for data. The default cost (256) keeps the chief's own
+per-step work (executor step, tf.data service client) small next to the input;
+with a cheap map (--cost 32, ~4,500 samples/s) the chief shares the 2 cores with
+the workers and becomes the limit. In one run, CerebrasEstimator.train(use_cs=True)
 trains the same model with:
   chief only   input in the chief's process (no TF_CONFIG workers, the default)
   1 worker     TF_CONFIG with one `python -m cerebras_tf.input_worker` process
@@ -153,7 +156,7 @@ def run_stream(mode: str, workers: int, params: dict, secs: float) -> tuple[floa
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=240, help="training steps per configuration")
-    parser.add_argument("--cost", type=int, default=32, help="matmuls per sample in the map")
+    parser.add_argument("--cost", type=int, default=256, help="matmuls per sample in the map")
     parser.add_argument("--embedded", action="store_true",
                         help="in-process workers (CSRunConfig(num_input_workers=N)) instead of worker processes")
     parser.add_argument("--stream-only", action="store_true", help="measure the InputStream alone, no training")
