@@ -90,26 +90,33 @@ def _cluster_tf_config(monkeypatch, num_workers: int) -> Cluster:
     return cluster
 
 
-def test_two_worker_processes_train_like_one_process_and_survive_a_kill_9(tmp_path, monkeypatch, spawn_worker,
-                                                                          at_step, caplog):
-    train(tmp_path / "one_process", 200)
-    one_process_loss = cpu_loss(tmp_path / "one_process")
+def test_two_worker_processes_train_the_example_like_one_process_and_survive_a_kill_9(
+        tmp_path, monkeypatch, spawn_worker, at_step, caplog):
+    from examples.fc_digits import run as example
+
+    params = example.load_params(example.DEFAULT_PARAMS)
+    params["runconfig"].update(max_steps=300, log_step_count_steps=20)
+    example.run("train", params=params, model_dir=str(tmp_path / "one_process"), cs_ip=CS_IP)
+    one_process = example.run("eval", params=params, model_dir=str(tmp_path / "one_process"))
 
     cluster = _cluster_tf_config(monkeypatch, 2)
     workers = [spawn_worker(cluster.tf_config("worker", i), "--chief-gone-secs", "1") for i in range(2)]
-    # Killed at step 60; the pause lets the chief's probes (every 0.5 s) notice before training ends.
-    at_step(60, lambda: (workers[1].kill(), workers[1].wait(timeout=10), time.sleep(2)))
+    # Killed at step 100; the pause lets the chief's probes (every 0.5 s) notice before training ends.
+    at_step(100, lambda: (workers[1].kill(), workers[1].wait(timeout=10), time.sleep(2)))
     with caplog.at_level("WARNING"):
-        train(tmp_path / "workers", 200)
+        example.run("train", params=params, model_dir=str(tmp_path / "workers"), cs_ip=CS_IP)
     monkeypatch.delenv("TF_CONFIG")
+    with_workers = example.run("eval", params=params, model_dir=str(tmp_path / "workers"))
 
-    assert tf.train.latest_checkpoint(str(tmp_path / "workers")).endswith("model.ckpt-200")
+    assert with_workers["global_step"] == one_process["global_step"] == 300
     assert f"Lost input worker {cluster.worker_name(1)}" in caplog.text
-    shares = scalars(str(tmp_path / "workers"), "input/worker_1_share")
-    assert shares[40] > 0 and shares[200] < shares[40]  # worker 1 sent data, then stopped
-    assert scalars(str(tmp_path / "workers"), "input/workers_lost")[200] == 1
-    workers_loss = cpu_loss(tmp_path / "workers")
-    assert abs(workers_loss - one_process_loss) < 0.15, (workers_loss, one_process_loss)
+    model_dir = str(tmp_path / "workers")
+    shares = scalars(model_dir, "input/worker_1_share")
+    assert shares[100] > 0 and shares[300] < shares[100]  # worker 1 sent data, then stopped
+    assert scalars(model_dir, "input/workers_lost")[300] == 1
+    # Observed: accuracy 0.96-0.99 either way (chance is 0.1).
+    assert min(with_workers["accuracy"], one_process["accuracy"]) > 0.9, (with_workers, one_process)
+    assert abs(with_workers["accuracy"] - one_process["accuracy"]) < 0.05, (with_workers, one_process)
     output, _ = workers[0].communicate(timeout=30)  # the survivor stops by itself once the chief is done
     assert workers[0].returncode == 0, output
     assert not is_listening(cluster.dispatcher_address)
