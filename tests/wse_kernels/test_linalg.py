@@ -91,6 +91,34 @@ def test_conv2d_and_backprops(case, rng):
           R.Conv2DBackpropFilter(input=x, filter_sizes=list(fs), out_backprop=dy, **kw), rtol=2e-5, atol=2e-5)
 
 
+# (x shape, filter shape, strides, dilations, explicit paddings): negative paddings crop, which TF refuses
+ADJOINT_CASES = [
+    ((2, 9, 8, 3), (3, 3, 3, 4), (1, 1), (1, 1), [0, 0, -1, 2, 1, -2, 0, 0]),
+    ((2, 11, 10, 2), (3, 2, 2, 3), (2, 3), (2, 1), [0, 0, 3, -1, -1, 4, 0, 0]),
+    ((1, 7, 7, 2), (5, 5, 2, 2), (3, 1), (1, 2), [0, 0, 4, 4, 5, 0, 0, 0]),
+]
+
+
+@pytest.mark.parametrize("case", ADJOINT_CASES, ids=range(len(ADJOINT_CASES)))
+def test_conv2d_input_gradient_is_the_adjoint_with_cropping_paddings(case, rng):
+    """Per-tap input gradients (only where a tap reads the input) and padding into reused scratch
+    memory against the dense im2col/col2im formulation, for crops, strides and dilations."""
+    from cerebras_tf.wse.kernels.linalg import _Geom, col2im, im2col
+    xs, fs, strides, dil, explicit = case
+    attrs = _attrs(strides, "EXPLICIT", dil, explicit)
+    x, f = rng.normal(size=xs).astype(F), rng.normal(size=fs).astype(F)
+    g = _Geom(attrs, xs, fs[:2])
+    cols = im2col(x, g).reshape(-1, fs[0] * fs[1] * fs[2])
+    y = run("conv2d", [x, f], attrs)[0]
+    np.testing.assert_allclose(y, (cols @ f.reshape(-1, fs[3])).reshape(y.shape), rtol=1e-6, atol=1e-6)
+    dy = rng.normal(size=y.shape).astype(F)
+    dx = run("conv2d_backprop_input", [f, dy], {**attrs, "input_sizes": list(xs)})[0]
+    dcols = (dy.reshape(-1, fs[3]) @ f.reshape(-1, fs[3]).T).reshape(g.n, g.oh, g.ow, *fs[:3])
+    np.testing.assert_allclose(dx, col2im(dcols, g), rtol=1e-5, atol=1e-5)
+    df = run("conv2d_backprop_filter", [x, dy], {**attrs, "filter_sizes": list(fs)})[0]
+    np.testing.assert_allclose(df, (cols.T @ dy.reshape(-1, fs[3])).reshape(fs), rtol=1e-5, atol=1e-5)
+
+
 def test_conv2d_nchw_layout_matches_nhwc(rng):
     x, f = rng.normal(size=(2, 7, 7, 3)).astype(F), rng.normal(size=(3, 3, 3, 4)).astype(F)
     nhwc = run("conv2d", [x, f], {"strides": [1, 2, 2, 1], "padding": "SAME"})[0]

@@ -15,6 +15,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from cerebras_tf.wse.kernels._registry import KernelContext, register
+from cerebras_tf.wse.kernels._scratch import scratch
 
 
 def _f32(x: np.ndarray) -> np.ndarray:
@@ -116,12 +117,35 @@ class _Geom:
                 yield i, j, slice(r0, r0 + (self.oh - 1) * self.sh + 1, self.sh), \
                     slice(c0, c0 + (self.ow - 1) * self.sw + 1, self.sw)
 
-    def pad(self, x: np.ndarray) -> np.ndarray:
+    def pad(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """x with the padding (zeros; negative explicit paddings crop), written to `out` when given
+        (an array of padded_shape(), e.g. scratch memory)."""
         if not (self.pt or self.pb or self.pl or self.pr):
             return x
-        # negative paddings (only possible for EXPLICIT) crop
         x = x[:, max(-self.pt, 0): x.shape[1] - max(-self.pb, 0), max(-self.pl, 0): x.shape[2] - max(-self.pr, 0)]
-        return np.pad(x, ((0, 0), (max(self.pt, 0), max(self.pb, 0)), (max(self.pl, 0), max(self.pr, 0)), (0, 0)))
+        t, b, l, r = max(self.pt, 0), max(self.pb, 0), max(self.pl, 0), max(self.pr, 0)
+        if out is None:
+            return np.pad(x, ((0, 0), (t, b), (l, r), (0, 0)))
+        rows, cols = out.shape[1] - b, out.shape[2] - r
+        out[:, :t] = 0
+        out[:, rows:] = 0
+        out[:, t:rows, :l] = 0
+        out[:, t:rows, cols:] = 0
+        out[:, t:rows, l:cols] = x
+        return out
+
+    def tap_ranges(self, i: int, j: int) -> tuple[slice, slice, slice, slice]:
+        """(output rows, input rows, output cols, input cols) where filter tap (i, j) reads the input
+        itself rather than its padding (input index = out * stride + tap * dilation - pad_before)."""
+        ranges = []
+        for tap, s, d, p, n_in, n_out in ((i, self.sh, self.dh, self.pt, self.h, self.oh),
+                                          (j, self.sw, self.dw, self.pl, self.w, self.ow)):
+            a = p - tap * d  # input index = out * s - a
+            lo, hi = max(0, -(-a // s)), min(n_out - 1, (n_in - 1 + a) // s)
+            count = max(hi - lo + 1, 0)
+            start = lo * s - a
+            ranges += [slice(lo, lo + count), slice(start, start + (count - 1) * s + 1 if count else start, s)]
+        return ranges[0], ranges[1], ranges[2], ranges[3]
 
     def padded_shape(self) -> tuple[int, int, int, int]:
         return self.n, self.h + self.pt + self.pb, self.w + self.pl + self.pr, self.c
@@ -133,13 +157,19 @@ class _Geom:
         return self.kh == self.kw == 1 and self.sh == self.sw == 1 and not (self.pt or self.pb or self.pl or self.pr)
 
 
-def im2col(x: np.ndarray, g: _Geom) -> np.ndarray:
-    """[N, OH, OW, KH, KW, C] patches of the NHWC input (a copy, float32): one strided copy of a
-    sliding-window view."""
-    xp = g.pad(x)
+def im2col(x: np.ndarray, g: _Geom, reuse: bool = False) -> np.ndarray:
+    """[N, OH, OW, KH, KW, C] patches of the NHWC input (float32): one strided copy of a sliding-window
+    view. With `reuse`, the patches (and the padded input) live in this thread's scratch memory, valid
+    until the next reusing call: for patches that never leave the kernel."""
+    xp = g.pad(x, scratch("conv_padded", g.padded_shape(), x.dtype) if reuse else None)
     view = sliding_window_view(xp, ((g.kh - 1) * g.dh + 1, (g.kw - 1) * g.dw + 1), axis=(1, 2))
     view = view[:, : (g.oh - 1) * g.sh + 1: g.sh, : (g.ow - 1) * g.sw + 1: g.sw, :, ::g.dh, ::g.dw]
-    return np.ascontiguousarray(view.transpose(0, 1, 2, 4, 5, 3), dtype=np.float32)
+    view = view.transpose(0, 1, 2, 4, 5, 3)
+    if not reuse:
+        return np.ascontiguousarray(view, dtype=np.float32)
+    cols = scratch("conv_patches", view.shape)
+    np.copyto(cols, view)
+    return cols
 
 
 def col2im(cols: np.ndarray, g: _Geom) -> np.ndarray:
@@ -147,11 +177,6 @@ def col2im(cols: np.ndarray, g: _Geom) -> np.ndarray:
     xp = np.zeros(g.padded_shape(), np.float32)
     for i, j, rs, cs in g.taps():
         xp[:, rs, cs, :] += cols[:, :, :, i, j, :]
-    return _unpad_grad(xp, g)
-
-
-def _unpad_grad(xp: np.ndarray, g: _Geom) -> np.ndarray:
-    """The input gradient inside a padded-input gradient."""
     if min(g.pt, g.pb, g.pl, g.pr) < 0:  # negative explicit padding: re-grow the cropped border
         full = np.zeros((g.n, g.h, g.w, g.c), np.float32)
         full[:, max(-g.pt, 0): g.h - max(-g.pb, 0), max(-g.pl, 0): g.w - max(-g.pr, 0)] = \
@@ -178,7 +203,7 @@ def conv2d(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContex
     if g.is_pointwise():
         y = x32.reshape(-1, g.c) @ f32.reshape(g.c, cout)
     else:
-        y = im2col(x32, g).reshape(-1, g.kh * g.kw * g.c) @ f32.reshape(-1, cout)
+        y = im2col(x32, g, reuse=True).reshape(-1, g.kh * g.kw * g.c) @ f32.reshape(-1, cout)
     return [_back(_from_nhwc(y.reshape(g.n, g.oh, g.ow, cout), g), x)]
 
 
@@ -197,12 +222,16 @@ def conv2d_backprop_input(inputs: list[np.ndarray], attrs: Mapping[str, Any], ct
 
 
 def _scatter_taps(dy2: np.ndarray, f32: np.ndarray, g: _Geom) -> np.ndarray:
-    """col2im of dy2 @ f[tap].T over the taps: one 2-D BLAS matmul per tap, added straight into the
-    padded input gradient (numpy's batched matmul over a broadcast operand does not reach BLAS)."""
-    xp = np.zeros(g.padded_shape(), np.float32)
-    for i, j, rs, cs in g.taps():
-        xp[:, rs, cs, :] += (dy2 @ f32[i, j].T).reshape(g.n, g.oh, g.ow, g.c)
-    return _unpad_grad(xp, g)
+    """Input gradient as one 2-D BLAS matmul per filter tap (dy2 @ f[tap].T), each added where that tap
+    reads the input (numpy's batched matmul over a broadcast operand does not reach BLAS)."""
+    dx = np.zeros((g.n, g.h, g.w, g.c), np.float32)
+    part = scratch("conv_tap", (dy2.shape[0], g.c))
+    for i in range(g.kh):
+        for j in range(g.kw):
+            out_rows, in_rows, out_cols, in_cols = g.tap_ranges(i, j)
+            np.matmul(dy2, f32[i, j].T, out=part)
+            dx[:, in_rows, in_cols] += part.reshape(g.n, g.oh, g.ow, g.c)[:, out_rows, out_cols]
+    return dx
 
 
 @register("conv2d_backprop_filter")
@@ -216,7 +245,7 @@ def conv2d_backprop_filter(inputs: list[np.ndarray], attrs: Mapping[str, Any], c
     if g.is_pointwise():
         df = x32.reshape(-1, g.c).T @ dy32.reshape(-1, cout)
     else:
-        df = im2col(x32, g).reshape(-1, g.kh * g.kw * g.c).T @ dy32.reshape(-1, cout)
+        df = im2col(x32, g, reuse=True).reshape(-1, g.kh * g.kw * g.c).T @ dy32.reshape(-1, cout)
     return [_back(df.reshape(fs), x)]
 
 
