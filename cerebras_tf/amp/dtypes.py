@@ -48,6 +48,7 @@ _F32_MANTISSA_BITS = 23
 _ABS_MASK = np.uint32(0x7FFFFFFF)
 _SIGN_MASK = np.uint32(0x80000000)
 _EXPONENT_MASK = np.uint32(0x7F800000)
+_BLOCK = 1 << 18  # elements rounded per pass sequence: 1 MiB per array, within a core's L2
 
 
 @dataclass(frozen=True)
@@ -207,8 +208,11 @@ def round_to_half(x: Any, dtype: str | None = None, out: np.ndarray | None = Non
     flat, flat_out = np.ascontiguousarray(arr).reshape(-1), out.reshape(-1)
     if fmt.name == FLOAT32_MODE:
         np.copyto(flat_out, flat)
-    elif fmt.exponent_bits == 8:
-        _round_bfloat16(flat, flat_out)
-    else:
-        _round_narrow(flat, fmt, flat_out)
+        return out.reshape(arr.shape)
+    for lo in range(0, flat.size, _BLOCK):  # blocks that stay in cache across the passes
+        hi = lo + _BLOCK
+        if fmt.exponent_bits == 8:
+            _round_bfloat16(flat[lo:hi], flat_out[lo:hi])
+        else:
+            _round_narrow(flat[lo:hi], fmt, flat_out[lo:hi])
     return out.reshape(arr.shape)
