@@ -45,6 +45,11 @@ def _channel_sum(xw: np.ndarray, k: int) -> np.ndarray:
     return xw.sum(axis=0, dtype=np.float32).reshape(k, -1).sum(axis=0, dtype=np.float32)
 
 
+def _channel_dot(aw: np.ndarray, bw: np.ndarray, k: int) -> np.ndarray:
+    """Per-channel float32 sum of aw * bw (_wide views), without the product array."""
+    return np.einsum("ij,ij->j", aw, bw).reshape(k, -1).sum(axis=0, dtype=np.float32)
+
+
 @register("fused_batch_norm")
 def fused_batch_norm(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
     x, scale, offset, mean, var = inputs
@@ -61,7 +66,7 @@ def fused_batch_norm(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Ke
     xw, k = _wide(x2)
     bmean = _channel_sum(xw, k) * np.float32(1.0 / n)
     y = xw - np.tile(bmean, k)  # x - mean, then y in place
-    bvar = _channel_sum(np.square(y), k) * np.float32(1.0 / n)
+    bvar = _channel_dot(y, y, k) * np.float32(1.0 / n)
     sf = (1 / np.sqrt(bvar + eps)) * scale
     y *= np.tile(sf, k)
     y += np.tile(np.asarray(offset, np.float32), k)
@@ -86,7 +91,7 @@ def fused_batch_norm_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ct
     inv = 1 / np.sqrt(np.asarray(var, np.float32) + eps)
     xc = xw - np.tile(np.asarray(mean, np.float32), k)
     doffset = _channel_sum(dyw, k)
-    dyxc = _channel_sum(dyw * xc, k)
+    dyxc = _channel_dot(dyw, xc, k)
     dscale = dyxc * inv
     if attrs.get("is_training", True):
         n = np.float32(x2.shape[0])
