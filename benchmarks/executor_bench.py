@@ -10,11 +10,11 @@ RSS is its own; both read the same pre-made batches' worth of work per step.
 
     .venv/bin/python benchmarks/executor_bench.py [--steps 100] [--openblas-coretype auto]
 
-numpy's bundled OpenBLAS (0.3.23) picks its kernels from the CPU model and falls back to AVX2
-("Haswell") kernels on CPUs it does not know, such as AMD Zen 5, while TensorFlow's oneDNN uses
-AVX-512 there. `--openblas-coretype auto` sets OPENBLAS_CORETYPE=SkylakeX (the AVX-512 kernels)
-for both sides when the CPU has AVX-512 F/BW/DQ/VL and the variable is not already set;
-TensorFlow does not use OpenBLAS. The default leaves the environment alone.
+Our matmuls and convolutions run on numpy's bundled OpenBLAS, whose kernels an
+OPENBLAS_CORETYPE in the environment pins (e.g. "Haswell": AVX2 only, even on an AVX-512
+CPU); TensorFlow (oneDNN) does not read it. By default the environment is left as it is;
+`--openblas-coretype auto` removes the variable so OpenBLAS picks the kernels for this CPU,
+and `--openblas-coretype NAME` sets it, for both sides alike. The header prints the setting.
 """
 from __future__ import annotations
 
@@ -31,24 +31,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH = 256
 
 
-_AVX512_FLAGS = {"avx512f", "avx512bw", "avx512dq", "avx512vl"}
-
-
 def _openblas_env(choice: str) -> dict[str, str]:
-    """The environment for the measuring subprocesses, with OPENBLAS_CORETYPE per --openblas-coretype."""
+    """The measuring subprocesses' environment: OPENBLAS_CORETYPE left (none), removed (auto) or set."""
     env = dict(os.environ)
-    if choice == "none" or "OPENBLAS_CORETYPE" in env:
-        return env
-    if choice != "auto":
+    if choice == "auto":
+        env.pop("OPENBLAS_CORETYPE", None)
+    elif choice != "none":
         env["OPENBLAS_CORETYPE"] = choice
-        return env
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        flags = []
-    if _AVX512_FLAGS <= set(flags):
-        env["OPENBLAS_CORETYPE"] = "SkylakeX"
     return env
 
 
@@ -123,8 +112,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--models", default="mlp,cnn")
     parser.add_argument("--openblas-coretype", default="none",
-                        help="none (default: leave the environment), auto (AVX-512 kernels when the CPU has them), "
-                             "or an OpenBLAS core name such as SkylakeX")
+                        help="none (default: leave the environment), auto (unset: OpenBLAS picks kernels for "
+                             "this CPU), or an OpenBLAS core name such as Haswell or SkylakeX")
     parser.add_argument("--side", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -135,7 +124,7 @@ def main() -> None:
     env = _openblas_env(args.openblas_coretype)
     print(f"{args.steps} steps after 5 warm-up steps each, {os.cpu_count()}-core CPU; "
           "MLP 784-500-300-10 batch 256 Adam; CNN 32x32x3 filters 32/64/64 batch 64 Momentum; "
-          f"OPENBLAS_CORETYPE={env.get('OPENBLAS_CORETYPE', '(unset)')}")
+          f"OPENBLAS_CORETYPE={env.get('OPENBLAS_CORETYPE', '(unset: chosen by OpenBLAS)')}")
     print(f"{'model':<6} {'side':<14} {'steps/s':>9} {'vs TF':>7} {'peak RSS MB':>12}")
     for model_name in args.models.split(","):
         rows = {}
