@@ -13,7 +13,8 @@ RSS is its own; both read the same pre-made batches' worth of work per step.
 Our matmuls and convolutions run on numpy's bundled OpenBLAS, whose kernels an
 OPENBLAS_CORETYPE in the environment pins (e.g. "Haswell": AVX2 only, even on an AVX-512
 CPU); TensorFlow (oneDNN) does not read it. By default the environment is left as it is;
-`--openblas-coretype auto` removes the variable so OpenBLAS picks the kernels for this CPU,
+`--openblas-coretype auto` removes it (with OPENBLAS_L2_SIZE, which goes with it) so OpenBLAS
+picks the kernels for this CPU,
 and `--openblas-coretype NAME` sets it, for both sides alike. The header prints the setting.
 """
 from __future__ import annotations
@@ -36,6 +37,7 @@ def _openblas_env(choice: str) -> dict[str, str]:
     env = dict(os.environ)
     if choice == "auto":
         env.pop("OPENBLAS_CORETYPE", None)
+        env.pop("OPENBLAS_L2_SIZE", None)
     elif choice != "none":
         env["OPENBLAS_CORETYPE"] = choice
     return env
