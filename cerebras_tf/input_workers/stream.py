@@ -257,8 +257,9 @@ class InputStream:
             return
         self._closed = True
         self._stop.set()
+        wait_secs = 0.5 if self._all_lost() else 5.0  # with no worker left the reader is stuck in tf.data service
         for thread in self._threads:
-            thread.join(timeout=5.0)
+            thread.join(timeout=wait_secs)
             if thread.is_alive():  # blocked inside tf.data service with no worker left
                 log.warning("Input reader thread %s did not stop; abandoning it.", thread.name)
         self._local_iterator = None
