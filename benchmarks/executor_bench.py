@@ -1,14 +1,20 @@
 """Executor host throughput: the simulated WSE (numpy, half-precision emulation) vs TensorFlow on this CPU.
 
-The same training step runs as
-  - TF: the captured Estimator graph in a tf.compat.v1.Session (the Estimator's inner loop);
-  - ours: cerebras_tf.wse.executor.Executor on the compiled program, float16 numerics with
-    dynamic loss scaling (and, for reference, float32 numerics: set_half_dtype("float32")).
+Two levels, each side in its own subprocess:
+  - train: what a user sees. plain tf.estimator.Estimator.train on CPU vs
+    CerebrasEstimator.train(use_cs=True) on the simulated WSE, same model_fn and input_fn;
+    steps/s is the mean of the `global_step/sec` summaries both write every 20 steps
+    (the first window, with start-up, left out);
+  - step: the bare training step. TF: the captured Estimator graph in a tf.compat.v1.Session
+    (the Estimator's inner loop without hooks); ours: cerebras_tf.wse.executor.Executor.step
+    on the compiled program.
+Ours runs float16 numerics with dynamic loss scaling (and, for reference, float32 numerics:
+set_half_dtype("float32")).
 Models: the MLP 784-500-300-10 (batch 256, Adam) and the zoo CNN (conv + batch norm + pooling,
 Momentum) at 32x32x3, filters 32/64/64, batch 64. Each side runs in its own subprocess so peak
 RSS is its own; both read the same pre-made batches' worth of work per step.
 
-    .venv/bin/python benchmarks/executor_bench.py [--steps 100] [--openblas-coretype auto]
+    .venv/bin/python benchmarks/executor_bench.py [--steps 100] [--levels train,step] [--openblas-coretype auto]
 
 Our matmuls and convolutions run on numpy's bundled OpenBLAS, whose kernels an
 OPENBLAS_CORETYPE in the environment pins (e.g. "Haswell": AVX2 only, even on an AVX-512
@@ -47,7 +53,10 @@ CNN_PARAMS = {"batch_size": 64, "image_size": 32, "channels": 3, "filters": [32,
               "num_examples": 512, "learning_rate": 0.05}
 
 
-def _measure(model_name: str, side: str, steps: int) -> dict:
+LOG_EVERY = 20
+
+
+def _measure(model_name: str, side: str, steps: int, level: str) -> dict:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import numpy as np
     import tensorflow as tf
@@ -84,6 +93,8 @@ def _measure(model_name: str, side: str, steps: int) -> dict:
         amp.set_half_dtype("float32")
     estimator = CerebrasEstimator(model_fn, model_dir=tempfile.mkdtemp(), config=CSRunConfig(cs_ip="bench:1"),
                                   params=params)
+    if level == "train":
+        return _measure_train(estimator, model_fn, input_fn, params, side, steps)
     model = precheck(estimator, input_fn, tf.estimator.ModeKeys.TRAIN)
     batches = list(input_fn(params).take(8).as_numpy_iterator())
     if side == "tf":
@@ -109,6 +120,31 @@ def _measure(model_name: str, side: str, steps: int) -> dict:
     return {"steps_per_sec": steps / seconds, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+def _measure_train(cs_estimator, model_fn, input_fn, params: dict, side: str, steps: int) -> dict:
+    """Estimator.train / CerebrasEstimator.train(use_cs=True) steps/s from their global_step/sec summaries."""
+    import numpy as np
+    import tensorflow as tf
+
+    from cerebras_tf import CerebrasEstimator, CSRunConfig, set_default_tf_config
+    from cerebras_tf.tensorboard import read_scalars
+
+    model_dir = tempfile.mkdtemp()
+    total = LOG_EVERY * (max(steps // LOG_EVERY, 2) + 1)
+    if side == "tf":
+        config = tf.estimator.RunConfig(log_step_count_steps=LOG_EVERY, save_summary_steps=LOG_EVERY,
+                                        save_checkpoints_steps=total)
+        tf.estimator.Estimator(model_fn, model_dir=model_dir, config=config, params=params).train(
+            input_fn, max_steps=total)
+    else:
+        set_default_tf_config()
+        config = CSRunConfig(cs_ip="bench:1", log_step_count_steps=LOG_EVERY, save_checkpoints_steps=None)
+        CerebrasEstimator(model_fn, model_dir=model_dir, config=config, params=params).train(
+            input_fn, max_steps=total)
+    rates = read_scalars(model_dir, "global_step/sec")
+    return {"steps_per_sec": float(np.mean([rates[step] for step in sorted(rates)[1:]])),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=100)
@@ -116,29 +152,32 @@ def main() -> None:
     parser.add_argument("--openblas-coretype", default="none",
                         help="none (default: leave the environment), auto (unset: OpenBLAS picks kernels for "
                              "this CPU), or an OpenBLAS core name such as Haswell or SkylakeX")
+    parser.add_argument("--levels", default="train,step")
     parser.add_argument("--side", help=argparse.SUPPRESS)
+    parser.add_argument("--level", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side:
         sys.path.insert(0, ROOT)
-        print(json.dumps(_measure(args.model, args.side, args.steps)))
+        print(json.dumps(_measure(args.model, args.side, args.steps, args.level)))
         return
     env = _openblas_env(args.openblas_coretype)
     print(f"{args.steps} steps after 5 warm-up steps each, {os.cpu_count()}-core CPU; "
           "MLP 784-500-300-10 batch 256 Adam; CNN 32x32x3 filters 32/64/64 batch 64 Momentum; "
           f"OPENBLAS_CORETYPE={env.get('OPENBLAS_CORETYPE', '(unset: chosen by OpenBLAS)')}")
-    print(f"{'model':<6} {'side':<14} {'steps/s':>9} {'vs TF':>7} {'peak RSS MB':>12}")
+    print(f"{'model':<6} {'level':<6} {'side':<14} {'steps/s':>9} {'vs TF':>7} {'peak RSS MB':>12}")
     for model_name in args.models.split(","):
-        rows = {}
-        for side in ("tf", "ours-float16", "ours-float32"):
-            out = subprocess.run([sys.executable, __file__, "--model", model_name, "--side", side,
-                                  "--steps", str(args.steps)], capture_output=True, text=True, check=True, cwd=ROOT,
-                                 env=env)
-            rows[side] = json.loads(out.stdout.strip().splitlines()[-1])
-        for side, row in rows.items():
-            ratio = row["steps_per_sec"] / rows["tf"]["steps_per_sec"]
-            print(f"{model_name:<6} {side:<14} {row['steps_per_sec']:>9.1f} {ratio:>6.2f}x {row['peak_rss_mb']:>12.0f}")
-
+        for level in args.levels.split(","):
+            rows = {}
+            for side in ("tf", "ours-float16", "ours-float32"):
+                out = subprocess.run([sys.executable, __file__, "--model", model_name, "--side", side, "--level", level,
+                                      "--steps", str(args.steps)], capture_output=True, text=True, check=True,
+                                     cwd=ROOT, env=env)
+                rows[side] = json.loads(out.stdout.strip().splitlines()[-1])
+            for side, row in rows.items():
+                ratio = row["steps_per_sec"] / rows["tf"]["steps_per_sec"]
+                print(f"{model_name:<6} {level:<6} {side:<14} {row['steps_per_sec']:>9.1f} {ratio:>6.2f}x "
+                      f"{row['peak_rss_mb']:>12.0f}")
 
 if __name__ == "__main__":
     main()

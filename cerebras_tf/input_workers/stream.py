@@ -15,8 +15,9 @@ How it works:
   in TF_CONFIG 'cluster.worker'. Nothing else is sharded: the user's data is not
   touched, so every worker still runs the whole dataset. The tag is stripped
   before a batch is yielded.
-- A background thread reads the tf.data service iterator into a small buffer;
-  the consumer's wait on that buffer is the input-wait time. Elements travel
+- A background thread reads the tf.data service iterator (or, with no
+  workers, the local dataset) into a small buffer, so input overlaps the
+  training steps; the consumer's wait on that buffer is the input-wait time. Elements travel
   uncompressed (numeric batches compress poorly; compressing costs worker and
   chief CPU). The client is tf.data service's private `_distribute`, for its
   task_refresh_interval_hint_ms (how fast a new or lost worker is noticed).
@@ -108,9 +109,10 @@ class _Failure:
     """A reader error, kept as text: the exception object's frames would keep the
     iterator (and its tf.data service client) alive after the dispatcher stops."""
 
-    def __init__(self, error: BaseException) -> None:
+    def __init__(self, error: BaseException, keep: bool = False) -> None:
         self.kind = type(error).__name__
         self.text = getattr(error, "message", None) or str(error)
+        self.error = error if keep else None  # local reading: re-raised as it is
 
 
 class InputStream:
@@ -170,7 +172,6 @@ class InputStream:
         self._lost: set[int] = set()
         self._failed_probes: dict[int, int] = {}
         self._started_at: float | None = None
-        self._local_iterator: Iterator[Any] | None = None
 
         if self.plan.num_workers > 1:
             _check_shuffle_seeds(input_fn, self._params, self.plan.num_workers, tf_random_seed)
@@ -179,7 +180,7 @@ class InputStream:
 
         if self.plan.mode == "local":
             self._worker_names: tuple[str, ...] = ("chief",)
-            self._local_iterator = iter(dataset)
+            self._start_reader(((0, element) for element in dataset), local=True)
         else:
             if self.plan.mode == "cluster":
                 _refuse_python_ops(dataset, input_fn)
@@ -240,11 +241,7 @@ class InputStream:
         if self._started_at is None:
             self._started_at = time.monotonic()
         waited_from = time.monotonic()
-        if self._local_iterator is not None:
-            element = next(self._local_iterator)  # StopIteration ends a finite local dataset
-            worker, batch = 0, _to_numpy(element)
-        else:
-            worker, batch = self._next_from_service()
+        worker, batch = self._next_from_reader()  # StopIteration ends a finite dataset
         with self._lock:
             self._stats.input_wait_secs += time.monotonic() - waited_from
             self._stats.batches += 1
@@ -262,7 +259,6 @@ class InputStream:
             thread.join(timeout=wait_secs)
             if thread.is_alive():  # blocked inside tf.data service with no worker left
                 log.warning("Input reader thread %s did not stop; abandoning it.", thread.name)
-        self._local_iterator = None
         while not self._queue.empty():
             self._queue.get_nowait()
         # Destroy the tf.data service iterator (it sits in reference cycles) while
@@ -283,7 +279,7 @@ class InputStream:
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
 
-    # -- service mode ------------------------------------------------------
+    # -- reading -----------------------------------------------------------
 
     def _start_threads(self, dataset: tf.data.Dataset, target: str) -> None:
         distributed = dataset.apply(
@@ -294,13 +290,17 @@ class InputStream:
                 compression=None,
             )
         )
-        iterator = iter(distributed)
-        self._threads = [
-            threading.Thread(target=self._read, args=(iterator,), name="cerebras-input-reader", daemon=True),
-            threading.Thread(target=self._monitor, name="cerebras-input-monitor", daemon=True),
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._start_reader(((int(tag), element) for element, tag in distributed), local=False)
+        monitor = threading.Thread(target=self._monitor, name="cerebras-input-monitor", daemon=True)
+        self._threads.append(monitor)
+        monitor.start()
+
+    def _start_reader(self, elements: Iterator[tuple[int, Any]], local: bool) -> None:
+        """A thread reading (worker index, element) pairs ahead into the buffer, so input overlaps the steps."""
+        reader = threading.Thread(target=self._read, args=(elements, local), name="cerebras-input-reader",
+                                  daemon=True)
+        self._threads.append(reader)
+        reader.start()
 
     def _put(self, item: Any) -> bool:
         while not self._stop.is_set():
@@ -311,20 +311,20 @@ class InputStream:
                 continue
         return False
 
-    def _read(self, iterator: Iterator[Any]) -> None:
+    def _read(self, elements: Iterator[tuple[int, Any]], local: bool) -> None:
         try:
             while not self._stop.is_set():
                 try:
-                    element, tag = next(iterator)
+                    worker, element = next(elements)
                 except StopIteration:
                     self._put(_End())
                     return
-                if not self._put((int(tag), _to_numpy(element))):
+                if not self._put((worker, _to_numpy(element))):
                     return
         except Exception as exc:  # noqa: BLE001 - handed to the consumer
-            self._put(_Failure(exc))
+            self._put(_Failure(exc, keep=local))
         finally:
-            del iterator
+            del elements
 
     def _monitor(self) -> None:
         addresses = self._servers.cluster.workers if self._servers else ()
@@ -354,7 +354,7 @@ class InputStream:
         with self._lock:
             return bool(self._worker_names) and len(self._lost) == len(self._worker_names)
 
-    def _next_from_service(self) -> tuple[int, Batch]:
+    def _next_from_reader(self) -> tuple[int, Batch]:
         while True:
             try:
                 item = self._queue.get(timeout=0.1)
@@ -372,6 +372,8 @@ class InputStream:
             raise StopIteration
         if isinstance(item, _Failure):
             self._put(item)
+            if item.error is not None:
+                raise item.error
             raise self._worker_failure(item) from None
         return item
 

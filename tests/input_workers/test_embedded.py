@@ -51,6 +51,26 @@ def test_local_stream_without_workers_starts_no_servers():
     assert stats.samples == 20 * BATCH and stats.share("chief") == 1.0
 
 
+def test_a_local_stream_reads_ahead_ends_with_finite_data_and_raises_pipeline_errors_as_they_are():
+    def finite(params):
+        return tf.data.Dataset.range(10).batch(5, drop_remainder=True)
+
+    with InputStream(finite, {}, cluster=Cluster("localhost:2222")) as stream:
+        assert [batch.tolist() for batch, _ in stream] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+
+    def check(i):
+        with tf.control_dependencies([tf.debugging.assert_less(i, tf.constant(3, tf.int64), message="too big")]):
+            return tf.identity(i)
+
+    def failing(params):
+        return tf.data.Dataset.range(10).map(check).batch(2)
+
+    with InputStream(failing, {}, cluster=Cluster("localhost:2222")) as stream:
+        assert next(stream)[0].tolist() == [0, 1]
+        with pytest.raises(tf.errors.InvalidArgumentError, match="too big"):
+            next(stream)
+
+
 def test_two_embedded_workers_each_send_fixed_batches_in_their_own_order():
     stream = InputStream(input_fn, {"batch_size": BATCH}, cluster=Cluster("localhost:2222"), num_input_workers=2)
     try:
