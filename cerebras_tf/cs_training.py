@@ -82,8 +82,9 @@ def train_on_system(estimator: EstimatorBase, model: CapturedModel, program: ir.
     if executor.global_step > saved or result is None:
         checkpoints.save(executor, executor.global_step)
     if result is not None:
-        _log.info("Loss for final step: %g. Trained steps %d-%d in %.1f s on the simulated WSE.",
-                  result.loss, first + 1, executor.global_step, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        _log.info("Loss for final step: %g. Trained steps %d-%d in %.1f s on the simulated WSE (%s).",
+                  result.loss, first + 1, executor.global_step, seconds, summaries.throughput_text(seconds))
     return executor.global_step
 
 
@@ -103,12 +104,21 @@ class TrainingSummaries:
         self._window_start = time.perf_counter()
         self._window_steps = 0
         self._window_samples = 0
+        self._total_samples = 0
         if len(stream.workers) > 1:
             _log.info("Streaming input from %d input workers: %s.", len(stream.workers), ", ".join(stream.workers))
 
     def step_done(self, batch_size: int) -> None:
         self._window_steps += 1
         self._window_samples += batch_size
+        self._total_samples += batch_size
+
+    def throughput_text(self, seconds: float) -> str:
+        """The run's measured host throughput beside the placement's estimate for the real wafer."""
+        text = f"{self._total_samples / max(seconds, 1e-9):.0f} samples/s on this host"
+        if self._estimate is not None:
+            text += f"; the compiled placement estimates {self._estimate:.0f} samples/s on the wafer"
+        return text
 
     def write(self, step: int, loss: float, loss_scale: float | None) -> None:
         now = time.perf_counter()

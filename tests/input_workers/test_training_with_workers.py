@@ -1,7 +1,9 @@
 """train(use_cs=True) fed by input workers: embedded, and as `python -m cerebras_tf.input_worker` processes."""
 from __future__ import annotations
 
+import logging
 import os
+import re
 import time
 
 import numpy as np
@@ -72,8 +74,17 @@ def cpu_loss(model_dir) -> float:
     return evaluation.evaluate(lambda params: input_fn(params).take(8), steps=8)["loss"]
 
 
-def test_two_embedded_input_workers_feed_training_and_summaries_show_their_shares(tmp_path):
-    train(tmp_path, 120, num_input_workers=2)
+def test_two_embedded_input_workers_feed_training_and_summaries_show_their_shares(tmp_path, caplog):
+    tf_logger = logging.getLogger("tensorflow")
+    tf_logger.addHandler(caplog.handler)  # TF's logger does not propagate to the root logger
+    try:
+        with caplog.at_level("INFO", logger="tensorflow"):
+            train(tmp_path, 120, num_input_workers=2)
+    finally:
+        tf_logger.removeHandler(caplog.handler)
+    assert re.search(r"Trained steps 1-120 in [\d.]+ s on the simulated WSE \(\d+ samples/s on this host; "
+                     r"the compiled placement estimates \d+ samples/s on the wafer\)", caplog.text), caplog.text
+    assert "Streaming input from 2 input workers" in caplog.text
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-120")
     shares = [scalars(str(tmp_path), f"input/worker_{i}_share")[120] for i in range(2)]
     assert all(share > 0 for share in shares) and sum(shares) == pytest.approx(1.0)
