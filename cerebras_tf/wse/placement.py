@@ -18,7 +18,10 @@ Model
 * Bounds: *compute* = total PE FLOP rate / total FLOPs per sample (every PE busy);
   *memory* = the best rate when each layer also needs its memory minimum of PEs
   (the ``T`` solving ``sum_i max(m_i, F_i T / r) = N``; equals compute when memory does
-  not bind); *host_io* = host bandwidth / input bytes per sample.
+  not bind); *fabric_links* = ``max(width, height) x link bandwidth / bytes sent`` over
+  the heaviest edge (two disjoint rectangles share at most one straight edge, so no
+  placement gives a pair of layers more links; a true upper bound for any placement);
+  *host_io* = host bandwidth / input bytes per sample.
   ``bound_samples_per_sec`` is their min.  The estimate is the min of the placed
   regions' rate, the fabric links between consecutive regions (contact length x link
   bandwidth / bytes each sample sends) and host I/O; ``limiting_bound`` names it.
@@ -39,11 +42,15 @@ with numpy) finds the least total height when each band gets the least height ``
 with ``sum ceil(a_i / h) <= width``, at least as tall as its inner edges' link needs and
 with its first/last layers as wide as the link needs of the turns.  Bisection on ``T``
 finds the highest rate whose bands fit the wafer's height; then the spare rows and
-columns go, greedily, to the slowest layers.  Every region's PEs >= its memory minimum
-by construction, regions never overlap, stay in the grid and tile it completely.
+columns go, greedily, to the slowest layers.  When the links limit the result on a
+non-square wafer, the same algorithm also runs with rows and columns swapped (bands
+become full-height strips, whose inner edges are as long as the wafer's other side)
+and the faster layout wins.  Every region's PEs >= its memory minimum by
+construction, regions never overlap, stay in the grid and tile it completely.
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import time
@@ -180,7 +187,7 @@ class PlacementReport:
 
     @property
     def bound_samples_per_sec(self) -> float:
-        """min(compute, memory, host_io) bound."""
+        """min(compute, memory, fabric_links, host_io) bound."""
         return min(self.bounds.values())
 
     @property
@@ -310,26 +317,37 @@ def place(layers: Sequence[LayerCost] | Iterable[LayerCost], fabric: Fabric, *, 
     memory_bound = _memory_bound(flops, mem_min, total_pes, pe_rate, compute_bound)
     host_bound = (fabric.host_io_bytes_per_sec / input_bytes_per_sample
                   if input_bytes_per_sample > 0 else math.inf)
-    bounds = {"compute": compute_bound, "memory": memory_bound, "host_io": host_bound}
-
     sent = np.array([layer.sent_bytes for layer in layers[:-1]], dtype=np.float64)
-    packed = _size_and_pack(flops, mem_min, sent, width, height, pe_rate, fabric.link_bytes_per_sec, memory_bound)
-    if packed is None:
+    link_bw = fabric.link_bytes_per_sec
+    link_bound = _link_bound(sent, width, height, link_bw)
+    bounds = {"compute": compute_bound, "memory": memory_bound, "fabric_links": link_bound, "host_io": host_bound}
+
+    def layout(cols: int, rows: int) -> list[Region] | None:
+        packed = _size_and_pack(flops, mem_min, sent, cols, rows, pe_rate, link_bw, min(memory_bound, link_bound))
+        if packed is None:
+            return None
+        bands, target = packed
+        return _regions_from_bands(bands, layers, flops, mem_bytes, in_flight, _links(sent, target, link_bw),
+                                   cols, rows, pe_rate, sram)
+
+    candidates = [layout(width, height)]
+    if width != height and (candidates[0] is None or _link_rate(candidates[0], sent, link_bw) < _region_rate(
+            candidates[0])):
+        # Link-limited (or no fit): bands across the wafer's other side give longer shared edges.
+        turned = layout(height, width)
+        candidates.append(None if turned is None else [_transposed(region) for region in turned])
+    placed = [regions for regions in candidates if regions is not None]
+    if not placed:
         raise FabricCapacityError(
             f"Cannot give each of the {n} layers its own rectangle on {fabric.name} "
             f"({width} x {height} PEs) in pipelined execution mode.",
             fix="Use a larger fabric or fuse small layers into larger layer groups.")
-    bands, target = packed
-    links = _links(sent, target, fabric.link_bytes_per_sec)
-    regions = _regions_from_bands(bands, layers, flops, mem_bytes, in_flight, links, width, height, pe_rate, sram)
+    regions = max(placed, key=lambda regions: min(_region_rate(regions), _link_rate(regions, sent, link_bw)))
 
     rates = np.array([r.samples_per_sec_alone for r in regions])
     slowest = int(np.argmin(rates))
     region_rate = float(rates[slowest])
-    link_rate = math.inf
-    for a, b, layer in zip(regions, regions[1:], layers):
-        if layer.sent_bytes > 0:
-            link_rate = min(link_rate, max(_contact(a, b), 1) * fabric.link_bytes_per_sec / layer.sent_bytes)
+    link_rate = _link_rate(regions, sent, link_bw)
     estimate = min(region_rate, link_rate, host_bound)
     if estimate == host_bound and host_bound <= region_rate:
         limiting = "host_io"
@@ -346,6 +364,11 @@ def place(layers: Sequence[LayerCost] | Iterable[LayerCost], fabric: Fabric, *, 
             names = ", ".join(repr(layers[i].name) for i in pinned[:3]) + (", ..." if len(pinned) > 3 else "")
             notes.append(f"memory, not compute, sizes {len(pinned)} layer(s) ({names}): "
                          "they run faster than the pipeline and leave fewer PEs for the rest")
+    if link_bound < memory_bound:
+        heaviest = int(np.argmax(sent))
+        notes.append(f"fabric links, not compute, bound the pipeline: {layers[heaviest].name!r} sends "
+                     f"{_fmt_bytes(sent[heaviest])} per sample to the next layer, and even a shared edge as long "
+                     f"as the wafer ({max(width, height)} links) carries only {_fmt_rate(link_bound)} samples/s")
     fill_steps = n
     return PlacementReport(
         fabric=fabric, precision=precision, training=training, regions=regions, bounds=bounds,
@@ -388,6 +411,32 @@ def _areas(flops: np.ndarray, mem_min: np.ndarray, rate: float, pe_rate: float) 
 def _links(sent: np.ndarray, rate: float, link_rate: float) -> np.ndarray:
     """Shared-edge length (links) edge i -> i+1 needs to carry `rate` samples/s."""
     return np.ceil(sent * rate / link_rate * (1 - 1e-12)).astype(np.int64)
+
+
+def _link_bound(sent: np.ndarray, width: int, height: int, link_rate: float) -> float:
+    """Upper bound of the fabric-link rate for ANY placement of rectangles on a width x height grid.
+
+    Two disjoint rectangles share at most one straight edge, along a column (<= height links)
+    or a row (<= width links), so edge i -> i+1 never carries more than
+    max(width, height) * link_rate / sent_i samples/s, however the regions are placed.
+    """
+    with np.errstate(divide="ignore"):
+        rates = np.where(sent > 0, max(width, height) * link_rate / np.where(sent > 0, sent, 1), np.inf)
+    return float(rates.min()) if rates.size else math.inf
+
+
+def _link_rate(regions: list[Region], sent: np.ndarray, link_rate: float) -> float:
+    """Samples/s the placed regions' shared edges carry (the slowest edge i -> i+1)."""
+    rate = math.inf
+    for a, b, size in zip(regions, regions[1:], sent):
+        if size > 0:
+            rate = min(rate, max(_contact(a, b), 1) * link_rate / size)
+    return rate
+
+
+def _region_rate(regions: list[Region]) -> float:
+    """Samples/s of the slowest region."""
+    return min(region.samples_per_sec_alone for region in regions)
 
 
 def _ceil_div(num: np.ndarray, den: np.ndarray) -> np.ndarray:
@@ -572,6 +621,11 @@ def _regions_from_bands(bands: list[tuple[int, int, int]], layers: list[LayerCos
                                   sram_bytes=pes * sram))
         y += h
     return regions
+
+
+def _transposed(region: Region) -> Region:
+    """The region mirrored across the grid's diagonal (columns <-> rows)."""
+    return dataclasses.replace(region, x=region.y, y=region.x, width=region.height, height=region.width)
 
 
 def _contact(a: Region, b: Region) -> int:

@@ -103,6 +103,20 @@ def test_fabric_links_are_respected_or_named():
     assert report.limiting_bound == "fabric_links"
     assert report.estimated_samples_per_sec == pytest.approx(report.fabric_links_samples_per_sec)
     assert report.estimated_samples_per_sec < min(r.samples_per_sec_alone for r in report.regions)
+    # no two rectangles on a 20 x 20 grid share more than 20 links: the bound says so, and the placement reaches it
+    assert report.bounds["fabric_links"] == pytest.approx(20 * 1e3 / 1e6)
+    assert report.placement_efficiency == pytest.approx(1.0)
+    assert any("fabric links, not compute" in note for note in report.notes)
+
+
+def test_link_limited_layers_get_the_longer_side_of_the_wafer():
+    fabric = small_fabric(30, 10, link_bytes_per_sec=1e3)  # bands of columns share at most 10 links, rows 30
+    layers = [LayerCost(f"l{i}", flops_fwd=1e3, output_bytes=1e6) for i in range(4)]
+    report = place(layers, fabric, training=False)
+    assert report.bounds["fabric_links"] == pytest.approx(30 * 1e3 / 1e6)
+    assert report.limiting_bound == "fabric_links"
+    assert all(region.width == 30 for region in report.regions)
+    assert report.placement_efficiency == pytest.approx(1.0)
 
 
 def test_fill_latency():
