@@ -26,16 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import tensorflow as tf  # noqa: E402
 
 from cerebras_tf import CerebrasEstimator, CSRunConfig  # noqa: E402
-from examples.zoo import MODELS, transformer  # noqa: E402
-
-
-def _models() -> dict[str, tuple[Any, dict[str, Any]]]:
-    return {
-        "mlp": (MODELS["mlp"], {}),
-        "cnn": (MODELS["cnn"], {}),
-        "transformer": (MODELS["transformer"], {}),
-        "bert_base": (transformer, transformer.bert_base_params()),
-    }
+from examples.zoo import benchmark_models  # noqa: E402
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
@@ -88,7 +79,7 @@ def measure_xla(module: Any, params: dict[str, Any]) -> dict[str, float]:
 def warm_up(skip_xla: bool) -> None:
     """Run both sides once on the MLP before timing, so one-time start-up (TF sessions, matplotlib fonts for
     the placement picture, XLA initialisation) is not charged to the first model in the table."""
-    module, params = _models()["mlp"]
+    module, params = benchmark_models()["mlp"]
     with tempfile.TemporaryDirectory() as workdir:
         measure_ours(module, params, workdir)
     if not skip_xla:
@@ -104,7 +95,7 @@ def main() -> None:
     warm_up(args.skip_xla)
     rows = []
     for name in args.models.split(","):
-        module, params = _models()[name]
+        module, params = benchmark_models()[name]
         with tempfile.TemporaryDirectory() as workdir:
             ours = measure_ours(module, params, workdir)
         xla = None if args.skip_xla else measure_xla(module, params)
