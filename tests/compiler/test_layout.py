@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from cerebras_tf import CSRunConfig
 from cerebras_tf.compiler import driver
 from cerebras_tf.errors import FabricCapacityError
 from cerebras_tf.wse.fabric import small_fabric
-from examples.zoo import cnn, mlp
+from examples.zoo import benchmark_models, cnn, mlp, transformer
 
 REPORT_KEYS = {"estimated_samples_per_sec", "bound_samples_per_sec", "placement_efficiency", "limiting_bound",
                "fill_latency_steps", "fabric", "layers"}
@@ -78,3 +79,21 @@ def test_full_compile_writes_the_placement_picture_as_a_tensorboard_image(zoo_es
               for value in event.summary.value if value.HasField("image")]
     assert [value.tag for value in images] == ["placement/train"]
     assert images[0].image.encoded_image_string == result.placement.to_png()
+
+
+@pytest.mark.parametrize("name", sorted(benchmark_models()))
+def test_real_ir_zoo_models_place_efficiently_on_wse2(zoo_estimator, name):
+    module, params = benchmark_models()[name]
+    model = "transformer" if module is transformer else name
+    placement = zoo_estimator(model, params=params).compile(module.input_fn).placement
+    fabric = placement.fabric
+    assert fabric.name == "WSE-2"
+    assert placement.placement_efficiency >= 0.95, placement.render_table()
+    assert placement.adjacent_fraction == 1.0
+    grid = np.zeros((fabric.height, fabric.width), dtype=np.int64)
+    for region in placement.regions:
+        assert 0 <= region.x and region.x + region.width <= fabric.width
+        assert 0 <= region.y and region.y + region.height <= fabric.height
+        grid[region.y:region.y + region.height, region.x:region.x + region.width] += 1
+        assert region.bytes <= region.sram_bytes == region.pes * fabric.sram_bytes_per_pe
+    assert grid.max() == 1, "regions overlap"
