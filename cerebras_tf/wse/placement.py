@@ -330,13 +330,12 @@ def place(layers: Sequence[LayerCost] | Iterable[LayerCost], fabric: Fabric, *, 
         return _regions_from_bands(bands, layers, flops, mem_bytes, in_flight, _links(sent, target, link_bw),
                                    cols, rows, pe_rate, sram)
 
-    candidates = [layout(width, height)]
-    if width != height and (candidates[0] is None or _link_rate(candidates[0], sent, link_bw) < _region_rate(
-            candidates[0])):
+    first = layout(width, height)
+    placed = [] if first is None else [first]
+    if width != height and (first is None or _link_rate(first, sent, link_bw) < _region_rate(first)):
         # Link-limited (or no fit): bands across the wafer's other side give longer shared edges.
         turned = layout(height, width)
-        candidates.append(None if turned is None else [_transposed(region) for region in turned])
-    placed = [regions for regions in candidates if regions is not None]
+        placed += [] if turned is None else [[_transposed(region) for region in turned]]
     if not placed:
         raise FabricCapacityError(
             f"Cannot give each of the {n} layers its own rectangle on {fabric.name} "
