@@ -1,11 +1,13 @@
 """The chief's side of a training run on the simulated CS system.
 
-Given the compiled program: variables from the latest checkpoint in
-model_dir, else TF's initial values -> for each step pull one numpy batch from
-the input stream (the chief or its input workers), run it on the Executor (dynamic loss scaling), log like
-the Estimator, write loss summaries -> at save_checkpoints_steps and at the
-end write a standard TF checkpoint of every variable, which plain
-tf.estimator.Estimator.evaluate/predict/export_saved_model read.
+Given the compiled program: variables (and the loss-scale state) from the
+latest checkpoint in model_dir, else TF's initial values -> for each step pull
+one numpy batch from the input stream (the chief or its input workers), run it
+on the Executor (dynamic loss scaling), log like the Estimator, write
+summaries -> at save_checkpoints_steps and at the end write a standard TF
+checkpoint of every variable, which plain
+tf.estimator.Estimator.evaluate/predict/export_saved_model read. Evaluation
+and prediction run their programs from a checkpoint the same way.
 """
 from __future__ import annotations
 
@@ -51,12 +53,12 @@ def train_on_system(estimator: EstimatorBase, model: CapturedModel, program: ir.
         return first
     with tf.init_scope():  # input_fn runs eagerly, even if train() was called inside a graph
         stream = InputStream.from_config(input_fn, estimator.params, config)
-    summaries = TrainingSummaries(estimator.model_dir, stream, estimated_samples_per_sec)
     every = max(1, config.log_step_count_steps or 100)
     save_every = config.save_checkpoints_steps
     started, saved = time.perf_counter(), first
-    result = None
+    result = summaries = None
     try:
+        summaries = TrainingSummaries(estimator.model_dir, stream, estimated_samples_per_sec)
         while executor.global_step < last:
             try:
                 features, labels = next(stream)
@@ -78,7 +80,8 @@ def train_on_system(estimator: EstimatorBase, model: CapturedModel, program: ir.
         raise
     finally:
         stream.close()
-        summaries.close()
+        if summaries is not None:
+            summaries.close()
     if executor.global_step > saved or result is None:
         checkpoints.save(executor, executor.global_step)
     if result is not None:
