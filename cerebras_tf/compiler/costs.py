@@ -20,6 +20,14 @@ def tensor_bytes(tensor: ir.Tensor) -> int:
     return tensor.size * itemsize
 
 
+def _sent_bytes(tensor: ir.Tensor, receivers: list[ir.Kernel]) -> int:
+    """Bytes of `tensor` crossing to other layers: half width when every receiver only casts it to half
+    (the cast then runs in the sending layer, as the WSE's activations travel in half precision)."""
+    if tensor.dtype != ir.HALF and all(kernel.kind == "to_half" for kernel in receivers):
+        return tensor.size * 2
+    return tensor_bytes(tensor)
+
+
 def layer_costs(program: ir.Program) -> list[dict[str, Any]]:
     """name, flops_fwd/bwd/update, weight/optimizer-state bytes, activation/output bytes (per sample)."""
     features = program.inputs.get("features")
@@ -47,8 +55,9 @@ def layer_costs(program: ir.Program) -> list[dict[str, Any]]:
                 users = consumers.get(tid, [])
                 if any(user.role == "backward" for user in users):
                     kept += tensor_bytes(program.tensors[tid])
-                if any(user.role == "forward" and layer_of[user.id] != layer.name for user in users):
-                    sent += tensor_bytes(program.tensors[tid])
+                receivers = [user for user in users if user.role == "forward" and layer_of[user.id] != layer.name]
+                if receivers:
+                    sent += _sent_bytes(program.tensors[tid], receivers)
         owned = [variables[name] for name in layer.variables if name in variables and name not in counted]
         slots = [v for v in program.variables if v.role == "optimizer_state" and v.name not in counted
                  and (v.slot_of in layer.variables or (v.slot_of is None and v.name in layer.variables))]
