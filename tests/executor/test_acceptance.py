@@ -8,7 +8,8 @@ CerebrasEstimator / CSRunConfig / cerebras_tf.amp, checked against plain tf.esti
 - an injected overflow is skipped (no weight or slot moves, global_step does, the scale halves) and
   training recovers;
 - a run killed with SIGKILL at random moments leaves a loadable latest checkpoint that plain TF evaluates
-  and that training resumes from.
+  and that training resumes from;
+- plain Estimator.predict and export_saved_model serve the weights the simulated WSE trained.
 """
 from __future__ import annotations
 
@@ -256,3 +257,29 @@ def test_a_run_killed_at_random_moments_leaves_a_loadable_checkpoint_and_resumes
         plain = tf.estimator.Estimator(script.model_fn, model_dir=model_dir, params={})
         assert plain.evaluate(script.input_fn, steps=2)["global_step"] == step
     assert steps_seen == sorted(steps_seen) and steps_seen[-1] > steps_seen[0]  # each run resumed and went on
+
+
+# --------------------------------------------------------------------------- 5. plain TF reads the checkpoint
+
+def test_plain_estimator_predict_and_export_saved_model_read_the_checkpoint(tmp_path):
+    import kill_train_script as script
+
+    model_dir = str(tmp_path / "model")
+    cs_estimator(script.model_fn, model_dir, {"learning_rate": 1e-2}).train(script.input_fn, max_steps=30)
+    weights = checkpoint_values(model_dir)
+    assert weights["global_step"] == 30
+    x = np.random.RandomState(5).randn(6, 4).astype(np.float32)
+    hidden = np.maximum(x @ weights["hidden/kernel"] + weights["hidden/bias"], 0)
+    expected = hidden @ weights["output/kernel"] + weights["output/bias"]
+
+    plain = tf.estimator.Estimator(script.model_fn, model_dir=model_dir, params={})
+    predicted = np.stack([p["y"] for p in plain.predict(lambda: tf.data.Dataset.from_tensor_slices(x).batch(3))])
+    np.testing.assert_allclose(predicted, expected, rtol=1e-5, atol=1e-6)
+
+    def serving_input_receiver_fn():
+        features = tf.compat.v1.placeholder(tf.float32, [None, 4], name="features")
+        return tf.estimator.export.TensorServingInputReceiver(features, {"features": features})
+
+    export_dir = plain.export_saved_model(str(tmp_path / "export"), serving_input_receiver_fn)
+    served = tf.saved_model.load(export_dir).signatures["serving_default"](features=tf.constant(x))
+    np.testing.assert_allclose(served["y"].numpy(), expected, rtol=1e-5, atol=1e-6)
