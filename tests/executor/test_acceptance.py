@@ -38,27 +38,26 @@ def _tf_config(monkeypatch):
     set_default_tf_config()
 
 
-@pytest.fixture
-def float32_numerics():
-    """The simulated WSE computes in float32 (no half rounding) for the test; float16 again afterwards."""
+def _numerics(half_dtype: str):
+    """The simulated WSE computes with `half_dtype` for the test; the previous dtype again afterwards."""
     previous = amp.get_half_dtype()
-    amp.set_half_dtype("float32")
+    amp.set_half_dtype(half_dtype)
     try:
         yield
     finally:
         amp.set_half_dtype(previous)
         _release()
+
+
+@pytest.fixture
+def float32_numerics():
+    """float32 numerics: no half rounding, for step-by-step parity with TF."""
+    yield from _numerics("float32")
 
 
 @pytest.fixture
 def float16_numerics():
-    previous = amp.get_half_dtype()
-    amp.set_half_dtype("float16")
-    try:
-        yield
-    finally:
-        amp.set_half_dtype(previous)
-        _release()
+    yield from _numerics("float16")
 
 
 # --------------------------------------------------------------------------- helpers
