@@ -261,9 +261,10 @@ class InputStream:
                 log.warning("Input reader thread %s did not stop; abandoning it.", thread.name)
         while not self._queue.empty():
             self._queue.get_nowait()
-        # Destroy the tf.data service iterator (it sits in reference cycles) while
-        # the dispatcher can still release its job.
-        gc.collect()
+        if self._servers is not None:
+            # Destroy the tf.data service iterator (it sits in reference cycles) while
+            # the dispatcher can still release its job.
+            gc.collect()
         if self._servers is not None and self._owns_servers:
             self._servers.stop()
 
