@@ -143,6 +143,9 @@ def test_float32_numerics_match_the_cpu_estimator_step_by_step_for_50_adam_steps
 # --------------------------------------------------------------------------- 2. float16 convergence
 
 CONVERGENCE_STEPS = 300
+# The zoo CNN's defaults (batch 4, learning rate 0.05) train erratically even in float32 (final loss 0.01-0.75
+# over runs); batch 8 at 0.02 trains steadily, so a float16 problem is not lost in that noise.
+CONVERGENCE_PARAMS = {"cnn": {"batch_size": 8, "learning_rate": 0.02}}
 
 
 def _loss_on_cpu(model_fn, input_fn, model_dir, params) -> float:
@@ -153,20 +156,28 @@ def _loss_on_cpu(model_fn, input_fn, model_dir, params) -> float:
 
 @pytest.mark.parametrize("name", ["mlp", "cnn"])
 def test_float16_numerics_still_converge(tmp_path, float16_numerics, name):
-    """300 steps in float16 bring the loss below 0.35x the untrained loss (observed: 0.05-0.25x; float32 on CPU
-    lands in the same range, which varies with the zoo's unseeded initializers)."""
+    """From the same starting weights (the zoo's initializers are unseeded, so both runs warm-start from
+    one checkpoint), 300 steps in float16 on the simulated WSE get about as far as float32 on CPU."""
     from examples.zoo import MODELS
 
     zoo = MODELS[name]
-    params = dict(zoo.DEFAULT_PARAMS)
-    cs_estimator(zoo.model_fn, tmp_path / "cs", params, log_step_count_steps=50).train(
+    params = {**zoo.DEFAULT_PARAMS, **CONVERGENCE_PARAMS.get(name, {})}
+    start = tmp_path / "start"
+    cpu_estimator(zoo.model_fn, start, params).train(zoo.input_fn, max_steps=1)
+    start_loss = _loss_on_cpu(zoo.model_fn, zoo.input_fn, start, params)
+
+    CerebrasEstimator(zoo.model_fn, model_dir=str(tmp_path / "cs"), params=params, warm_start_from=str(start),
+                      config=CSRunConfig(cs_ip=CS_IP, log_step_count_steps=50)).train(
         zoo.input_fn, max_steps=CONVERGENCE_STEPS, use_cs=True)
-    untrained = cpu_estimator(zoo.model_fn, tmp_path / "untrained", params)
-    untrained.train(zoo.input_fn, max_steps=1)
+    tf.estimator.Estimator(zoo.model_fn, model_dir=str(tmp_path / "cpu"), params=params,
+                           warm_start_from=str(start)).train(zoo.input_fn, max_steps=CONVERGENCE_STEPS)
 
     cs_loss = _loss_on_cpu(zoo.model_fn, zoo.input_fn, tmp_path / "cs", params)
-    start_loss = _loss_on_cpu(zoo.model_fn, zoo.input_fn, tmp_path / "untrained", params)
-    assert cs_loss < 0.35 * start_loss, (cs_loss, start_loss)
+    cpu_loss = _loss_on_cpu(zoo.model_fn, zoo.input_fn, tmp_path / "cpu", params)
+    # Observed over 20 runs: MLP 0.09-0.26 (start ~1.6), within 5% of CPU; CNN 0.03-0.09 (start ~1.1), within
+    # 20% of CPU. A float16 run that does not train stays near the start loss.
+    assert cs_loss < 0.3 * start_loss, (cs_loss, start_loss)
+    assert cs_loss < 1.5 * cpu_loss + 0.05, (cs_loss, cpu_loss)
     cs_losses = scalars(str(tmp_path / "cs"), "loss")
     assert sorted(cs_losses) == list(range(50, CONVERGENCE_STEPS + 1, 50))
     assert all(np.isfinite(loss) for loss in cs_losses.values())
