@@ -91,10 +91,10 @@ def _measure(model_name: str, side: str, steps: int, level: str) -> dict:
         input_fn, model_fn, params = cnn.input_fn, cnn.model_fn, dict(CNN_PARAMS)
     if side == "ours-float32":
         amp.set_half_dtype("float32")
+    if level == "train":
+        return _measure_train(model_fn, input_fn, params, side, steps)
     estimator = CerebrasEstimator(model_fn, model_dir=tempfile.mkdtemp(), config=CSRunConfig(cs_ip="bench:1"),
                                   params=params)
-    if level == "train":
-        return _measure_train(estimator, model_fn, input_fn, params, side, steps)
     model = precheck(estimator, input_fn, tf.estimator.ModeKeys.TRAIN)
     batches = list(input_fn(params).take(8).as_numpy_iterator())
     if side == "tf":
@@ -120,7 +120,7 @@ def _measure(model_name: str, side: str, steps: int, level: str) -> dict:
     return {"steps_per_sec": steps / seconds, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def _measure_train(cs_estimator, model_fn, input_fn, params: dict, side: str, steps: int) -> dict:
+def _measure_train(model_fn, input_fn, params: dict, side: str, steps: int) -> dict:
     """Estimator.train / CerebrasEstimator.train(use_cs=True) steps/s from their global_step/sec summaries."""
     import numpy as np
     import tensorflow as tf

@@ -17,8 +17,8 @@ How it works:
   before a batch is yielded.
 - A background thread reads the tf.data service iterator (or, with no
   workers, the local dataset) into a small buffer, so input overlaps the
-  training steps; the consumer's wait on that buffer is the input-wait time. Elements travel
-  uncompressed (numeric batches compress poorly; compressing costs worker and
+  training steps; the consumer's wait on that buffer is the input-wait time.
+  Elements travel uncompressed (numeric batches compress poorly; compressing costs worker and
   chief CPU). The client is tf.data service's private `_distribute`, for its
   task_refresh_interval_hint_ms (how fast a new or lost worker is noticed).
 - Faults: a monitor probes each worker address (TCP connect) every
@@ -106,8 +106,9 @@ class _End:
 
 
 class _Failure:
-    """A reader error, kept as text: the exception object's frames would keep the
-    iterator (and its tf.data service client) alive after the dispatcher stops."""
+    """A reader error. From tf.data service it is kept as text only: the exception's frames would keep
+    the iterator (and its service client) alive after the dispatcher stops. A local error is kept whole,
+    to be re-raised as it is."""
 
     def __init__(self, error: BaseException, keep: bool = False) -> None:
         self.kind = type(error).__name__
@@ -180,7 +181,7 @@ class InputStream:
 
         if self.plan.mode == "local":
             self._worker_names: tuple[str, ...] = ("chief",)
-            self._start_reader(((0, element) for element in dataset), local=True)
+            self._start_reader((0, element) for element in dataset)
         else:
             if self.plan.mode == "cluster":
                 _refuse_python_ops(dataset, input_fn)
@@ -265,8 +266,8 @@ class InputStream:
             # Destroy the tf.data service iterator (it sits in reference cycles) while
             # the dispatcher can still release its job.
             gc.collect()
-        if self._servers is not None and self._owns_servers:
-            self._servers.stop()
+            if self._owns_servers:
+                self._servers.stop()
 
     def __enter__(self) -> "InputStream":
         return self
@@ -291,15 +292,14 @@ class InputStream:
                 compression=None,
             )
         )
-        self._start_reader(((int(tag), element) for element, tag in distributed), local=False)
+        self._start_reader((int(tag), element) for element, tag in distributed)
         monitor = threading.Thread(target=self._monitor, name="cerebras-input-monitor", daemon=True)
         self._threads.append(monitor)
         monitor.start()
 
-    def _start_reader(self, elements: Iterator[tuple[int, Any]], local: bool) -> None:
+    def _start_reader(self, elements: Iterator[tuple[int, Any]]) -> None:
         """A thread reading (worker index, element) pairs ahead into the buffer, so input overlaps the steps."""
-        reader = threading.Thread(target=self._read, args=(elements, local), name="cerebras-input-reader",
-                                  daemon=True)
+        reader = threading.Thread(target=self._read, args=(elements,), name="cerebras-input-reader", daemon=True)
         self._threads.append(reader)
         reader.start()
 
@@ -312,7 +312,7 @@ class InputStream:
                 continue
         return False
 
-    def _read(self, elements: Iterator[tuple[int, Any]], local: bool) -> None:
+    def _read(self, elements: Iterator[tuple[int, Any]]) -> None:
         try:
             while not self._stop.is_set():
                 try:
@@ -323,7 +323,7 @@ class InputStream:
                 if not self._put((worker, _to_numpy(element))):
                     return
         except Exception as exc:  # noqa: BLE001 - handed to the consumer
-            self._put(_Failure(exc, keep=local))
+            self._put(_Failure(exc, keep=self._servers is None))
         finally:
             del elements
 

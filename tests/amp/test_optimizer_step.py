@@ -105,10 +105,6 @@ def _expected_scales(settings, pattern=PATTERN):
     return used, used[1:] + [scaler.scale]
 
 
-def _scalars(model_dir, tag):
-    return read_scalars(str(model_dir), tag)
-
-
 def _checkpointed_scale(state, settings):
     """amp/loss_scale of a CPU state; a static scale (or none) is a constant, not a checkpointed variable."""
     if settings is None or settings["loss_scale"] != "dynamic":
@@ -274,7 +270,7 @@ def test_the_same_model_fn_trains_the_same_on_cpu_and_on_the_system(tmp_path, na
     system.train(_input_fn, max_steps=STEPS)
 
     used, _ = _expected_scales(SCALERS[name])
-    on_system = _scalars(tmp_path / "cs", "loss_scale")
+    on_system = read_scalars(str(tmp_path / "cs"), "loss_scale")
     assert [on_system[step] for step in range(1, STEPS + 1)] == used
     assert used == [_checkpointed_scale(s, SCALERS[name]) for s in states[:-1]]  # CPU: the scale before each step
     cpu_final = _weights_and_slots(states[-1])
