@@ -119,5 +119,9 @@ class InputWorkerWarning(UserWarning):
     """An input worker was lost; training continues on the others."""
 
 
+class ConfigWarning(UserWarning):
+    """CSRunConfig settings the simulated CS system ignores (cs_config fields, stack_params keys)."""
+
+
 class SystemProgrammedError(CerebrasError):
     """The simulated CS system was already programmed with another program in this process."""

@@ -7,6 +7,15 @@ import traceback
 from typing import Any, Mapping
 
 from estimator import RunConfig
+from cerebras_tf.cs_config import (
+    Settings,
+    cs_config_fields,
+    execution_strategy,
+    num_csx,
+    num_workers_per_csx,
+    use_cbfloat16,
+    warn_ignored,
+)
 from cerebras_tf.wse.fabric import WSE2, Fabric, fabric_by_name
 from estimator.source import user_frame
 
@@ -39,12 +48,23 @@ class CSRunConfig(RunConfig):
         in this process (no network connection is made).
       system_name: name of the target system; compiled artifacts are tied to it.
         Defaults to the cs_ip.
-      cs_config: dict of system settings: "fabric" is a preset name ("WSE-2",
-        the default, or "WSE-1") or a cerebras_tf.wse.fabric.Fabric.
-      stack_params: dict of compiler settings.
+      cs_config: system settings, a dict or a protobuf-like CSConfig message
+        (anything with ListFields(), as the Model Zoo passes), normalised once
+        into a dict of its set fields (see cerebras_tf/cs_config.py):
+        "fabric" is a preset name ("WSE-2", the default, or "WSE-1") or a
+        cerebras_tf.wse.fabric.Fabric; use_cbfloat16=True makes this config's
+        runs on the simulated system use the cbfloat16 half dtype (it wins over
+        amp.set_half_dtype; False or unset keeps amp's process-wide choice);
+        num_workers_per_csx=N >= 1 sets num_input_workers; num_csx > 1 and
+        weight-streaming execution_strategy are refused when a run targets the
+        CS system; other fields are ignored with one ConfigWarning.
+      stack_params: dict of compiler settings (values may be any objects, e.g.
+        protobuf messages); ignored by the simulated system, with one
+        ConfigWarning naming the keys.
       num_input_workers: input workers streaming data to the system; defaults
-        to the number of `worker` tasks in TF_CONFIG, or 1. Without TF_CONFIG
-        workers, N > 1 starts N in-process tf.data service workers.
+        to cs_config's num_workers_per_csx, else the number of `worker` tasks
+        in TF_CONFIG, or 1. Without TF_CONFIG workers, N > 1 starts N
+        in-process tf.data service workers.
       input_worker_timeout_secs: how long the chief waits for the TF_CONFIG
         workers (`python -m cerebras_tf.input_worker`) to register.
       **kwargs: any tf.estimator.RunConfig argument. Arguments the CS system
@@ -56,7 +76,7 @@ class CSRunConfig(RunConfig):
         self,
         cs_ip: str | None = None,
         system_name: str | None = None,
-        cs_config: Mapping[str, Any] | None = None,
+        cs_config: Mapping[str, Any] | Any | None = None,
         stack_params: Mapping[str, Any] | None = None,
         num_input_workers: int | None = None,
         input_worker_timeout_secs: float = DEFAULT_INPUT_WORKER_TIMEOUT_SECS,
@@ -64,9 +84,15 @@ class CSRunConfig(RunConfig):
     ) -> None:
         if cs_ip is not None and (not isinstance(cs_ip, str) or not cs_ip.strip()):
             raise ValueError(f"CSRunConfig(cs_ip={cs_ip!r}): cs_ip must be a non-empty 'host:port' string or None.")
-        for name, value in (("cs_config", cs_config), ("stack_params", stack_params)):
-            if value is not None and not isinstance(value, Mapping):
-                raise TypeError(f"CSRunConfig({name}=...) must be a dict or None, got {type(value).__name__}.")
+        fields = cs_config_fields(cs_config)
+        if stack_params is not None and not isinstance(stack_params, Mapping):
+            raise TypeError(f"CSRunConfig(stack_params=...) must be a dict or None, got {type(stack_params).__name__}.")
+        workers_per_csx = num_workers_per_csx(fields)
+        if num_input_workers is None:
+            num_input_workers = workers_per_csx
+        elif workers_per_csx is not None and workers_per_csx != num_input_workers:
+            raise ValueError(f"CSRunConfig(num_input_workers={num_input_workers!r}) contradicts cs_config's "
+                             f"num_workers_per_csx={workers_per_csx}: give one of them.")
         if num_input_workers is not None and (not isinstance(num_input_workers, int) or num_input_workers < 1):
             raise ValueError(f"CSRunConfig(num_input_workers={num_input_workers!r}) must be a positive integer.")
         if isinstance(input_worker_timeout_secs, bool) or not isinstance(input_worker_timeout_secs, (int, float)) \
@@ -74,7 +100,9 @@ class CSRunConfig(RunConfig):
             raise ValueError(
                 f"CSRunConfig(input_worker_timeout_secs={input_worker_timeout_secs!r}) must be a positive number."
             )
-        fabric = (cs_config or {}).get("fabric", WSE2)
+        half_dtype = "cbfloat16" if use_cbfloat16(fields) else None
+        systems, strategy = num_csx(fields), execution_strategy(fields)
+        fabric = fields.get("fabric", WSE2)
         if not isinstance(fabric, Fabric):
             try:
                 fabric = fabric_by_name(fabric)
@@ -85,12 +113,16 @@ class CSRunConfig(RunConfig):
         super().__init__(**kwargs)
         self._cs_ip = cs_ip
         self._system_name = system_name or cs_ip
-        self._cs_config = dict(cs_config or {})
+        self._cs_config = fields
         self._fabric = fabric
-        self._stack_params = dict(stack_params or {})
+        self._half_dtype = half_dtype
+        self._num_csx = systems
+        self._execution_strategy = strategy
+        self._stack_params = Settings(stack_params or {})
         self._num_input_workers = num_input_workers
         self._input_worker_timeout_secs = float(input_worker_timeout_secs)
         self._created_at = user_frame(traceback.extract_stack())
+        warn_ignored(fields, self._stack_params, stacklevel=2)
 
     @property
     def cs_ip(self) -> str | None:
@@ -102,12 +134,29 @@ class CSRunConfig(RunConfig):
 
     @property
     def cs_config(self) -> dict[str, Any]:
+        """cs_config's fields as a dict (a protobuf message's set fields, enum values by name)."""
         return self._cs_config
 
     @property
     def fabric(self) -> Fabric:
         """The wafer the compiler places the model on (cs_config["fabric"], default WSE-2)."""
         return self._fabric
+
+    @property
+    def half_dtype(self) -> str | None:
+        """The half dtype of this config's runs on the simulated system ("cbfloat16" with
+        cs_config use_cbfloat16=True), or None: amp.get_half_dtype() when the run starts."""
+        return self._half_dtype
+
+    @property
+    def num_csx(self) -> int:
+        """CS systems asked for (cs_config num_csx, default 1); more than 1 is refused by the config rules."""
+        return self._num_csx
+
+    @property
+    def execution_strategy(self) -> str:
+        """cs_config's execution strategy, "pipeline" (default) or "weight_streaming" (refused by the rules)."""
+        return self._execution_strategy
 
     @property
     def stack_params(self) -> dict[str, Any]:

@@ -5,6 +5,7 @@ import json
 import os
 from typing import Mapping
 
+from cerebras_tf.cs_config import PIPELINE, WEIGHT_STREAMING
 from cerebras_tf.errors import CerebrasError, ConfigError
 from cerebras_tf.input_workers.cluster import parse_tf_config
 from cerebras_tf.run_config import DEFAULT_TF_CONFIG
@@ -53,6 +54,7 @@ def check_run_config(config: RunConfig) -> list[CerebrasError]:
                 f"RunConfig parameter {name}={value!r} is not supported on the CS system.", where=where, fix=fix
             )
         )
+    problems += check_cs_config(config)
     steps = config.save_checkpoints_steps
     if steps is not None and steps < MIN_SAVE_CHECKPOINTS_STEPS:
         problems.append(
@@ -64,6 +66,29 @@ def check_run_config(config: RunConfig) -> list[CerebrasError]:
                 fix=f"Use save_checkpoints_steps >= {MIN_SAVE_CHECKPOINTS_STEPS}, or None to save only at the end.",
             )
         )
+    return problems
+
+
+def check_cs_config(config: RunConfig) -> list[CerebrasError]:
+    """Refuse cs_config settings the simulated CS system cannot do: several systems, weight streaming.
+
+    (Fields it ignores were warned about when the CSRunConfig was built; see cerebras_tf/cs_config.py.)
+    """
+    problems: list[CerebrasError] = []
+    where = _config_location(config)
+    systems = getattr(config, "num_csx", 1)
+    if systems > 1:
+        problems.append(ConfigError(
+            f"cs_config num_csx={systems} asks for {systems} CS systems; the simulated CS system is a single "
+            "system (training across several systems is out of scope).",
+            where=where, fix="Set num_csx=1 (or leave it out) in cs_config for runs on the simulated CS system."))
+    if getattr(config, "execution_strategy", PIPELINE) == WEIGHT_STREAMING:
+        problems.append(ConfigError(
+            "cs_config execution_strategy=weight_streaming is not supported: the simulated CS system runs models "
+            "in pipelined mode only (weight streaming is out of scope).",
+            where=where,
+            fix="Use execution_strategy 'pipeline' (ES_PIPELINE) or leave it out; compile() reports a model too "
+                "large for pipelined mode with its sizes."))
     return problems
 
 
