@@ -45,7 +45,8 @@ def train_on_system(estimator: EstimatorBase, model: CapturedModel, program: ir.
     config = estimator.config
     checkpoints = CheckpointWriter(program, estimator.model_dir, config.keep_checkpoint_max)
     values = checkpoints.starting_values(model, getattr(estimator, "warm_start_settings", None))
-    executor = Executor(program, values, grad_scaler=checkpoints.starting_grad_scaler())
+    half = half_dtype_of(config)
+    executor = Executor(program, values, grad_scaler=checkpoints.starting_grad_scaler(half), half_dtype=half)
     first = executor.global_step
     last = max_steps if max_steps is not None else first + steps
     if first >= last:
@@ -151,10 +152,17 @@ class TrainingSummaries:
         self._writer.close()
 
 
-def grad_scaler_for(program: ir.Program) -> GradScaler:
-    """The executor's GradScaler: amp.optimizer_step's settings in the program, else dynamic with defaults."""
+def half_dtype_of(config: Any) -> str | None:
+    """The half dtype a run with this config uses: CSRunConfig's (cs_config use_cbfloat16), else None, meaning
+    amp.get_half_dtype() when the Executor is created."""
+    return getattr(config, "half_dtype", None)
+
+
+def grad_scaler_for(program: ir.Program, half_dtype: str | None = None) -> GradScaler:
+    """The executor's GradScaler: amp.optimizer_step's settings in the program, else dynamic with the
+    defaults for `half_dtype` (None: amp's selected half dtype)."""
     if program.loss_scaling is None:
-        return GradScaler(loss_scale="dynamic")
+        return GradScaler(loss_scale="dynamic", half_dtype=half_dtype)
     return GradScaler.from_config(program.loss_scaling)
 
 
@@ -228,9 +236,9 @@ class CheckpointWriter:
             values.update(warm_start_values(warm_start, self.program))
         return values
 
-    def starting_grad_scaler(self) -> GradScaler:
+    def starting_grad_scaler(self, half_dtype: str | None = None) -> GradScaler:
         """The program's GradScaler, continuing from the loss-scale state in model_dir's latest checkpoint."""
-        scaler = grad_scaler_for(self.program)
+        scaler = grad_scaler_for(self.program, half_dtype)
         latest = tf.train.latest_checkpoint(self.model_dir)
         if latest is not None:
             reader = tf.train.load_checkpoint(latest)
@@ -280,7 +288,7 @@ def evaluate_on_system(estimator: EstimatorBase, model: CapturedModel, program: 
     Returns what Estimator.evaluate returns: the host_call metrics, the mean loss and global_step.
     """
     reader = tf.train.load_checkpoint(path)
-    executor = Executor(program, checkpoint_values(model, program, path))
+    executor = Executor(program, checkpoint_values(model, program, path), half_dtype=half_dtype_of(estimator.config))
     global_step = int(reader.get_tensor("global_step")) if reader.has_tensor("global_step") else 0
     host = HostMetrics(program, getattr(model.spec, "host_call", None))
     batches = numpy_batches(input_fn, estimator.params)
@@ -316,7 +324,7 @@ def predict_on_system(estimator: EstimatorBase, model: CapturedModel, program: i
     unknown = sorted(set(wanted) - set(keys))
     if unknown:
         raise ValueError(f"predict_keys {unknown} are not among the model's predictions {sorted(keys)}.")
-    executor = Executor(program, checkpoint_values(model, program, path))
+    executor = Executor(program, checkpoint_values(model, program, path), half_dtype=half_dtype_of(estimator.config))
     _log.info("Predicting on the simulated WSE from %s.", path)
     for features, _ in numpy_batches(input_fn, estimator.params):
         outputs = executor.step(features).outputs

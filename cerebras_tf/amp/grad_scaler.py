@@ -16,8 +16,8 @@ Semantics (the Cerebras ``cstorch.amp.GradScaler`` ones unless said otherwise):
 * ``loss_scale=None`` means no scaling (static scale 1.0); a number is a static
   scale that never changes; ``"dynamic"`` enables dynamic loss scaling.
 * Defaults (Cerebras): ``init_scale = max_loss_scale = 2**15`` (``2**31`` when the
-  half dtype is cbfloat16 at construction), ``steps_per_increase = 2000``,
-  ``min_loss_scale = 2**-14`` (smaller is refused), ``overflow_tolerance = 0``.
+  half dtype is cbfloat16: the selected one at construction, or the
+  ``half_dtype`` argument), ``steps_per_increase = 2000``, ``min_loss_scale = 2**-14`` (smaller is refused), ``overflow_tolerance = 0``.
   2**15 and 2000 are also the PyTorch/fairseq conventions (TF's
   LossScaleOptimizer uses the same 2000 growth steps).
 * Dynamic update, once per step: counters ``steps_since_rescale`` and
@@ -163,6 +163,8 @@ class GradScaler:
             (dynamic mode only).
         max_gradient_value: clip every unscaled (norm-clipped) gradient element
             to ``[-max_gradient_value, max_gradient_value]`` (every mode).
+        half_dtype: the half dtype the default ``max_loss_scale`` is chosen for
+            (default: the selected one, :func:`get_half_dtype`).
 
     cstorch's ``scale(loss)`` is :meth:`scale_loss` here (``scale`` is the value);
     ``state_dict()`` has the same four keys in every mode.
@@ -178,8 +180,9 @@ class GradScaler:
         overflow_tolerance: float = 0.0,
         max_gradient_norm: float | None = None,
         max_gradient_value: float | None = None,
+        half_dtype: str | None = None,
     ) -> None:
-        default_max = 2.0 ** 31 if get_half_dtype() == "cbfloat16" else 2.0 ** 15
+        default_max = 2.0 ** 31 if (half_dtype or get_half_dtype()) == "cbfloat16" else 2.0 ** 15
         self.max_loss_scale = float(max_loss_scale) if max_loss_scale else default_max
         self.min_loss_scale = float(min_loss_scale) if min_loss_scale else MIN_LOSS_SCALE
         self.steps_per_increase = int(steps_per_increase) if steps_per_increase else 2000
