@@ -4,6 +4,8 @@ Public API:
   CerebrasEstimator, CSRunConfig, CSEstimatorSpec, set_default_tf_config
   release_system (free a simulated system programmed in this process)
   errors (CerebrasError and its subclasses), amp (half dtypes, GradScaler)
+  tf_helper.GetWeights (a checkpoint's weights as numpy, as the Model Zoo's
+  cerebras.tf.tf_helper.GetWeights)
 
 The names that need TensorFlow are imported on first use, so the numpy-only
 parts (cerebras_tf.wse, cerebras_tf.amp) load without TensorFlow.

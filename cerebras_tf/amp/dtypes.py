@@ -127,7 +127,9 @@ def set_half_dtype(value: Any) -> str:
     (or ``np.float32``) selects float32 numerics: nothing is rounded, so a run
     on the simulated WSE can be checked step by step against TensorFlow on CPU.
     Anything else raises ``ValueError`` listing the choices. Takes effect for
-    executors created afterwards (each run reads it when it starts).
+    executors created afterwards (each run reads it when it starts), except
+    runs whose CSRunConfig has ``cs_config`` ``use_cbfloat16=True``: those use
+    cbfloat16 (the config's choice wins).
     """
     global _half_dtype
     _half_dtype = _canonical(value)
