@@ -156,11 +156,15 @@ def _function_def(graph: tf.Graph, name: str) -> Any:
 
 
 def _input_tensors(model: CapturedModel) -> dict[str, str]:
-    """TF tensor name -> program input name."""
+    """TF tensor name -> program input name: one per tensor of the features/labels nests (ir.input_leaves keys).
+
+    Every leaf is a program input, read by the model or not: the batch the input workers send holds them all.
+    """
     inputs = {}
     for name, value in (("features", model.features), ("labels", model.labels)):
-        if isinstance(value, tf.Tensor):
-            inputs[value.name] = name
+        for key, leaf in ir.input_leaves(name, value).items():
+            if isinstance(leaf, tf.Tensor):
+                inputs[leaf.name] = key
     return inputs
 
 
