@@ -608,8 +608,10 @@ def _variables(builder: _Builder, model: CapturedModel) -> list[ir.Variable]:
 
 
 def _gradient_tensors(program: ir.Program) -> list[int]:
-    """Tensors made by backward kernels and read outside them: the gradients an executor unscales."""
-    made_by_backward = {t for k in program.kernels if k.role == "backward" for t in k.outputs}
+    """Float tensors made by backward kernels and read outside them: the gradients an executor unscales
+    (not integer ones, e.g. the indices of an embedding's gradient, which tf.convert_to_tensor densifies)."""
+    floats = {t.id for t in program.tensors if t.dtype == ir.HALF or t.dtype.startswith(("float", "bfloat"))}
+    made_by_backward = {t for k in program.kernels if k.role == "backward" for t in k.outputs if t in floats}
     used = []
     for kernel in program.kernels:
         if kernel.role not in ("backward", "gradient_seed"):
