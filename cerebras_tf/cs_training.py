@@ -22,7 +22,7 @@ import tensorflow as tf
 from cerebras_tf.amp import GradScaler
 from cerebras_tf.compiler import initial, ir
 from cerebras_tf.errors import InputWorkerError, RunArgumentError, UnsupportedTensorFlowError
-from cerebras_tf.input_workers import InputStream
+from cerebras_tf.input_workers import InputStream, batch_size
 from cerebras_tf.loss_scaling import STATE_SCOPE as LOSS_SCALE_SCOPE, STATE_VARIABLES
 from cerebras_tf.wse.executor import Executor
 from estimator import CapturedModel, EstimatorBase
@@ -68,7 +68,7 @@ def train_on_system(estimator: EstimatorBase, model: CapturedModel, program: ir.
                 break
             result = executor.step(features, labels)
             step = executor.global_step
-            summaries.step_done(len(features))
+            summaries.step_done(batch_size((features, labels)))
             if step % every == 0 or step == last:
                 summaries.write(step, result.loss, result.loss_scale)
             if save_every and step % save_every == 0 and step != last:
@@ -166,8 +166,11 @@ def grad_scaler_for(program: ir.Program, half_dtype: str | None = None) -> GradS
     return GradScaler.from_config(program.loss_scaling)
 
 
-def numpy_batches(input_fn: Callable[..., Any], params: dict[str, Any]) -> Iterator[tuple[np.ndarray, Any]]:
-    """(features, labels) numpy batches from input_fn(params), built eagerly (the input worker's job)."""
+def numpy_batches(input_fn: Callable[..., Any], params: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
+    """(features, labels) numpy batches from input_fn(params), built eagerly (the input worker's job).
+
+    Features and labels are arrays or nests of them (e.g. a dict of features); an element that is not a
+    tuple is features alone, with labels None (as tf.estimator splits it)."""
     with tf.init_scope():  # eager, even if called inside a graph
         dataset = input_fn(params)
         for element in dataset.as_numpy_iterator():

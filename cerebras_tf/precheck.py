@@ -1,7 +1,6 @@
 """Capture a model for a mode and apply every CS-system rule, reporting all problems at once."""
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable, Sequence
 
 from cerebras_tf import rules
@@ -9,20 +8,10 @@ from cerebras_tf.amp.target import capturing_for_cs_system
 from cerebras_tf.errors import CerebrasError, raise_problems
 from estimator import CapturedInput, CapturedModel, EstimatorBase, capture_input, capture_model, inspect_dataset
 
-# Arguments the Estimator knows how to pass to an input_fn.
-_ESTIMATOR_INPUT_FN_ARGS = {"params", "mode", "config"}
-
-
 def _estimator_can_call(input_fn: Callable[..., Any]) -> bool:
-    try:
-        parameters = inspect.signature(input_fn).parameters.values()
-    except (TypeError, ValueError):
-        return True
-    return all(
-        p.name in _ESTIMATOR_INPUT_FN_ARGS or p.default is not inspect.Parameter.empty
-        or p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-        for p in parameters
-    )
+    """Whether the Estimator can call input_fn at all (to capture it and report every other problem too):
+    the input_fn signature rule, with the arguments the Estimator passes instead of the CS system's."""
+    return not rules.input.unfilled_input_fn_parameters(input_fn, rules.input.ESTIMATOR_INPUT_FN_ARGS)
 
 
 def precheck(
@@ -50,7 +39,7 @@ def precheck(
         with capturing_for_cs_system():  # amp.optimizer_step leaves loss scaling to the executor
             model = capture_model(estimator, captured_input, estimator.call_user_model_fn)
     except Exception:
-        # The failure may follow from a rule broken by the input (e.g. a dict of features, or an element
+        # The failure may follow from a rule broken by the input (e.g. sparse features, or an element
         # that is not (features, labels)): report those problems first.
         raise_problems(problems + _dataset_problems(captured_input, config))
         raise

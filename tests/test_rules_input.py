@@ -1,6 +1,7 @@
 """CS-system rules on input_fn and its dataset (rules 1-5 and 11)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -33,12 +34,10 @@ def test_input_fn_must_return_a_dataset(make_estimator, make_input_fn, assert_re
 
 
 @pytest.mark.parametrize("element, structure, problem", [
-    ("dict", "({'x': float32[4,4]}, float32[4,1])", "features must be a single dense numeric tensor"),
-    ("nested", "((float32[4,2], float32[4,2]), float32[4,1])", "features must be a single dense numeric tensor"),
-    ("sparse", "(SparseTensorSpec(float32[4,4]), float32[4,1])", "features must be a single dense numeric tensor"),
-    ("ragged", "(RaggedTensorSpec(float32[4,4]), float32[4,1])", "features must be a single dense numeric tensor"),
-    ("string_features", "(string[4,4], float32[4,1])", "features must be a single dense numeric tensor"),
-    ("string_labels", "(float32[4,4], string[4,1])", "labels must be a single dense numeric tensor or None"),
+    ("sparse", "(SparseTensorSpec(float32[4,4]), float32[4,1])", "features is a SparseTensor"),
+    ("ragged", "(RaggedTensorSpec(float32[4,4]), float32[4,1])", "features is a RaggedTensor"),
+    ("string_features", "(string[4,4], float32[4,1])", "features is a string tensor"),
+    ("string_labels", "(float32[4,4], string[4,1])", "labels is a string tensor"),
     # tf.estimator itself cannot split this element: the rule is still what gets reported.
     ("triple", "(float32[4,4], float32[4,1], float32[4])", "an element must be (features, labels) or features alone"),
 ])
@@ -46,7 +45,94 @@ def test_element_structure_must_be_features_and_labels_tensors(
         make_estimator, make_input_fn, assert_refused, element, structure, problem):
     estimator = make_estimator()
     assert_refused(estimator, errors.InputFunctionError, _train(estimator, make_input_fn(element=element)),
-                   f"Unsupported dataset element structure {structure}: {problem}.")
+                   f"Unsupported dataset element structure {structure}: {problem}")
+
+
+@pytest.mark.parametrize("element", ["dict", "nested"])
+def test_features_may_be_a_dict_or_a_nested_tuple_of_dense_tensors(make_estimator, make_input_fn, element):
+    make_estimator().compile(make_input_fn(element=element), validate_only=True)
+
+
+def _nest_input_fn(features, labels="dense"):
+    """input_fn(params) over 8 examples of the given per-example features nest and labels
+    ("dense": a float32 [1] tensor, "dict": {"y": it, "w": ones}, None: features alone)."""
+    y = np.arange(8, dtype=np.float32).reshape(8, 1)
+    label_values = {"dense": y, "dict": {"y": y, "w": np.ones(8, np.float32)}, None: None}[labels]
+
+    def input_fn(params):
+        element = features if label_values is None else (features, label_values)
+        return tf.data.Dataset.from_tensor_slices(element).repeat().batch(4, drop_remainder=True)
+
+    return input_fn
+
+
+def _nest_model_fn(features, labels, mode, params):
+    """Sums every float feature through one dense layer; its loss reads labels (a tensor, or a dict's "y")."""
+    leaves = [tf.cast(tf.reshape(leaf, [4, -1]), tf.float32) for leaf in tf.nest.flatten(features)]
+    predictions = tf.compat.v1.layers.dense(tf.concat(leaves, axis=1), 1, name="out")
+    target = labels["y"] if isinstance(labels, dict) else labels
+    target = predictions if target is None else target
+    loss = tf.compat.v1.losses.mean_squared_error(target, predictions)
+    train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+        loss, global_step=tf.compat.v1.train.get_global_step())
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op, predictions=predictions)
+
+
+_IDS = np.arange(8 * 3, dtype=np.int32).reshape(8, 3) % 5
+_X = np.ones((8, 2), np.float32)
+
+
+@pytest.mark.parametrize("features, labels", [
+    ({"input_ids": _IDS, "input_mask": _X}, "dense"),
+    ({"input_ids": _IDS, "input_mask": _X}, "dict"),
+    ({"input_ids": _IDS, "input_mask": _X}, None),  # a dict alone is features, with labels None
+    (((_X, _IDS), {"mask": _X}), "dense"),  # nested tuples and dicts
+])
+def test_nests_of_dense_tensors_pass_every_rule_and_compile(make_estimator, features, labels):
+    estimator = make_estimator(_nest_model_fn)
+    estimator.compile(_nest_input_fn(features, labels), validate_only=True)
+
+
+@pytest.mark.parametrize("component, path, what", [
+    (lambda: tf.sparse.from_dense(_X), "features['tokens']", "a SparseTensor"),
+    (lambda: tf.RaggedTensor.from_tensor(_X), "features['tokens']", "a RaggedTensor"),
+    (lambda: _IDS.astype(str), "features['tokens']", "a string tensor"),
+])
+def test_sparse_ragged_and_string_components_of_a_nest_are_refused_by_path(
+        make_estimator, assert_refused, component, path, what):
+    estimator = make_estimator(_nest_model_fn)
+
+    def input_fn(params):
+        ds = tf.data.Dataset.from_tensor_slices(({"input_ids": _IDS, "tokens": component()}, {"y": _X}))
+        return ds.repeat().batch(4, drop_remainder=True)
+
+    error = assert_refused(estimator, errors.InputFunctionError,
+                           lambda: estimator.compile(input_fn, validate_only=True),
+                           "Unsupported dataset element structure", f"{path} is {what}",
+                           "Features and labels must be dense numeric tensors, or dicts/tuples of them")
+    assert "input_ids" not in str(error).split("Unsupported dataset element structure")[1].split(":", 1)[1].split(".")[0]
+
+
+def test_a_string_label_inside_a_dict_is_named_by_its_path(make_estimator, assert_refused):
+    estimator = make_estimator(_nest_model_fn)
+
+    def input_fn(params):
+        labels = {"y": _X, "name": np.array([str(i) for i in range(8)])}
+        return tf.data.Dataset.from_tensor_slices(({"x": _X}, labels)).repeat().batch(4, drop_remainder=True)
+
+    assert_refused(estimator, errors.InputFunctionError, lambda: estimator.compile(input_fn, validate_only=True),
+                   "labels['name'] is a string tensor", "encode the strings as integer ids")
+
+
+def test_a_dict_whose_batch_is_not_fixed_keeps_the_batch_error(make_estimator, assert_refused):
+    estimator = make_estimator(_nest_model_fn)
+
+    def input_fn(params):
+        ds = tf.data.Dataset.from_tensor_slices(({"input_ids": _IDS, "input_mask": _X}, _X))
+        return ds.repeat().batch(4)  # no drop_remainder
+
+    assert_refused(estimator, errors.InputFunctionError, lambda: estimator.compile(input_fn, validate_only=True),
+                   INCONSISTENT_BATCH, "'input_ids': int32[?,3]")
 
 
 def test_a_model_fn_that_cannot_take_the_element_still_gets_the_structure_error(
@@ -56,8 +142,8 @@ def test_a_model_fn_that_cannot_take_the_element_still_gets_the_structure_error(
 
     estimator = make_estimator(model_fn)
     error = assert_refused(estimator, errors.InputFunctionError,
-                           lambda: estimator.compile(make_input_fn(element="dict"), validate_only=True),
-                           "Unsupported dataset element structure ({'x': float32[4,4]}, float32[4,1])")
+                           lambda: estimator.compile(make_input_fn(element="sparse"), validate_only=True),
+                           "Unsupported dataset element structure (SparseTensorSpec(float32[4,4]), float32[4,1])")
     assert isinstance(error.__context__, TypeError)  # the model_fn failure stays visible in the traceback
 
 
@@ -102,13 +188,17 @@ def test_finite_data_is_fine_for_evaluation(make_estimator, make_input_fn, asser
 # --------------------------------------------------------------------------- rule 5
 
 
-@pytest.fixture(params=["(params, mode)", "()", "(batch_size)"])
+@pytest.fixture(params=["(params, mode)", "(mode, config)", "()", "(batch_size)", "(config, params)"])
 def badly_signed_input_fn(request, make_input_fn):
-    """(input_fn, its signature as the error shows it): each serves a good dataset but takes more than params."""
+    """(input_fn, its signature as the error shows it): each serves a good dataset but cannot be called as
+    input_fn(params)."""
     good = make_input_fn()
 
     def with_mode(params, mode):
         return good(params)
+
+    def mode_and_config(mode, config):
+        return good({"batch_size": 4})
 
     def no_arguments():
         return good({"batch_size": 4})
@@ -116,7 +206,11 @@ def badly_signed_input_fn(request, make_input_fn):
     def batch_size_only(batch_size):
         return good({"batch_size": batch_size})
 
-    functions = {"(params, mode)": with_mode, "()": no_arguments, "(batch_size)": batch_size_only}
+    def params_second(config=None, params=None):  # input_fn(params) would bind config
+        return good(params)
+
+    functions = {"(params, mode)": with_mode, "(mode, config)": mode_and_config, "()": no_arguments,
+                 "(batch_size)": batch_size_only, "(config, params)": params_second}
     return functions[request.param], request.param
 
 
@@ -126,6 +220,65 @@ def test_input_fn_takes_only_params(make_estimator, assert_refused, defined_at, 
     assert_refused(estimator, errors.InputFunctionError, _train(estimator, input_fn),
                    "The input function only takes a single dictionary parameter, params;",
                    f"{input_fn.__name__} takes {signature}", f"Where: {defined_at(input_fn)}")
+
+
+def test_a_second_parameter_without_a_default_is_named_in_the_fix(make_estimator, make_input_fn, assert_refused):
+    good = make_input_fn()
+
+    def input_fn(params, mode):
+        return good(params)
+
+    estimator = make_estimator()
+    assert_refused(estimator, errors.InputFunctionError, lambda: estimator.compile(input_fn, validate_only=True),
+                   "input_fn takes (params, mode)", "give mode a default value (e.g. `mode=None`)")
+
+
+def _zoo_style(make_input_fn):
+    good = make_input_fn()
+
+    def train_input_fn(params, input_context=None):  # the Model Zoo's signature
+        assert input_context is None
+        return good(params)
+
+    def with_var_args(params, *args, **kwargs):
+        return good(params)
+
+    def keyword_only_extra(params, *, mode=None):
+        return good(params)
+
+    return [train_input_fn, with_var_args, keyword_only_extra]
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_input_fn_with_defaulted_extra_parameters_is_accepted(make_estimator, make_input_fn, index):
+    """The CS system passes params only: other parameters are fine when they have defaults (or are *args)."""
+    input_fn = _zoo_style(make_input_fn)[index]
+    make_estimator().compile(input_fn, validate_only=True)
+
+
+def test_the_signature_rule_and_the_estimators_call_agree():
+    from cerebras_tf import precheck
+    from cerebras_tf.rules import input as input_rules
+
+    def zoo(params, input_context=None):
+        pass
+
+    def with_mode(params, mode):
+        pass
+
+    def nothing():
+        pass
+
+    def only_kwargs(**kwargs):
+        pass
+
+    assert not input_rules.check_input_fn_signature(zoo) and precheck._estimator_can_call(zoo)
+    # The Estimator can call it (so every other problem is found too), the CS system cannot.
+    assert input_rules.check_input_fn_signature(with_mode) and precheck._estimator_can_call(with_mode)
+    for fn in (nothing, only_kwargs):
+        assert input_rules.check_input_fn_signature(fn)
+    assert input_rules.unfilled_input_fn_parameters(with_mode, input_rules.CS_INPUT_FN_ARGS) == ["mode"]
+    assert input_rules.unfilled_input_fn_parameters(nothing, input_rules.CS_INPUT_FN_ARGS) == ["params"]
 
 
 # --------------------------------------------------------------------------- rule 11

@@ -30,8 +30,8 @@ def _sent_bytes(tensor: ir.Tensor, receivers: list[ir.Kernel]) -> int:
 
 def layer_costs(program: ir.Program) -> list[dict[str, Any]]:
     """name, flops_fwd/bwd/update, weight/optimizer-state bytes, activation/output bytes (per sample)."""
-    features = program.inputs.get("features")
-    shape = program.tensors[features].shape if features is not None else []
+    features = [tid for key, tid in program.inputs.items() if key.split("/", 1)[0] == "features"]
+    shape = program.tensors[features[0]].shape if features else []
     batch = max(int(shape[0]), 1) if shape else 1
     variables = {v.name: v for v in program.variables}
     layer_of = {k.id: k.layer for k in program.kernels}

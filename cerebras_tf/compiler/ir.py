@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -109,7 +109,7 @@ class Program:
     tensors: list[Tensor]
     kernels: list[Kernel]
     variables: list[Variable]
-    inputs: dict[str, int]  # "features" / "labels" -> tensor id (one batch)
+    inputs: dict[str, int]  # input_leaves keys ("features", "features/<key>", "labels", ...) -> tensor id (one batch)
     outputs: dict[str, int]  # "loss", "host_call/<i|name>", "predictions/<key>" -> tensor id
     host_call: str | None = None  # "list" or "dict": how to rebuild host_call's tensors
     gradient_seed: int | None = None  # kernel id
@@ -183,6 +183,25 @@ class Program:
             arrays = {int(key[1:]): npz[key] for key in npz.files}
         with open(os.path.join(directory, PROGRAM_FILE), encoding="utf-8") as f:
             return cls.from_json(f.read(), arrays)
+
+
+def input_leaves(name: str, value: Any) -> dict[str, Any]:
+    """The leaves of one side of a batch (name "features" or "labels"), keyed as `Program.inputs` is.
+
+    `name` for a single tensor; name/<key> for dict entries (keys in sorted order, as tf.nest
+    flattens them); name/<i> for tuple/list entries; nested levels joined with "/". None (no
+    labels) has no leaves. A pure walk of the Python structure: the compiler calls it on TF tensors,
+    the executor on numpy arrays, so both sides agree on the keys.
+    """
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):
+        items = [(str(key), value[key]) for key in sorted(value)]
+    elif isinstance(value, (tuple, list)):
+        items = [(str(index), item) for index, item in enumerate(value)]
+    else:
+        return {name: value}
+    return {key: leaf for child, item in items for key, leaf in input_leaves(f"{name}/{child}", item).items()}
 
 
 PROGRAM_FILE = "program.json"

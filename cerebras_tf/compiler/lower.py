@@ -156,11 +156,15 @@ def _function_def(graph: tf.Graph, name: str) -> Any:
 
 
 def _input_tensors(model: CapturedModel) -> dict[str, str]:
-    """TF tensor name -> program input name."""
+    """TF tensor name -> program input name: one per tensor of the features/labels nests (ir.input_leaves keys).
+
+    Every leaf is a program input, read by the model or not: the batch the input workers send holds them all.
+    """
     inputs = {}
     for name, value in (("features", model.features), ("labels", model.labels)):
-        if isinstance(value, tf.Tensor):
-            inputs[value.name] = name
+        for key, leaf in ir.input_leaves(name, value).items():
+            if isinstance(leaf, tf.Tensor):
+                inputs[leaf.name] = key
     return inputs
 
 
@@ -604,8 +608,10 @@ def _variables(builder: _Builder, model: CapturedModel) -> list[ir.Variable]:
 
 
 def _gradient_tensors(program: ir.Program) -> list[int]:
-    """Tensors made by backward kernels and read outside them: the gradients an executor unscales."""
-    made_by_backward = {t for k in program.kernels if k.role == "backward" for t in k.outputs}
+    """Float tensors made by backward kernels and read outside them: the gradients an executor unscales
+    (not integer ones, e.g. the indices of an embedding's gradient, which tf.convert_to_tensor densifies)."""
+    floats = {t.id for t in program.tensors if t.dtype == ir.HALF or t.dtype.startswith(("float", "bfloat"))}
+    made_by_backward = {t for k in program.kernels if k.role == "backward" for t in k.outputs if t in floats}
     used = []
     for kernel in program.kernels:
         if kernel.role not in ("backward", "gradient_seed"):

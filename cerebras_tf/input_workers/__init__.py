@@ -24,10 +24,11 @@ _LAZY = {
     "InputStream": "cerebras_tf.input_workers.stream",
     "InputStats": "cerebras_tf.input_workers.stream",
     "InputServers": "cerebras_tf.input_workers.service",
+    "batch_size": "cerebras_tf.input_workers.stream",
 }
 
-__all__ = ["Cluster", "InputPlan", "InputServers", "InputStats", "InputStream", "cluster_from_environ",
-           "parse_tf_config", "plan_input_workers"]
+__all__ = ["Cluster", "InputPlan", "InputServers", "InputStats", "InputStream", "batch_size",
+           "cluster_from_environ", "parse_tf_config", "plan_input_workers"]
 
 
 def __getattr__(name: str) -> Any:

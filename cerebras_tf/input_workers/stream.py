@@ -246,7 +246,7 @@ class InputStream:
         with self._lock:
             self._stats.input_wait_secs += time.monotonic() - waited_from
             self._stats.batches += 1
-            self._stats.samples_per_worker[self._worker_names[worker]] += _batch_size(batch)
+            self._stats.samples_per_worker[self._worker_names[worker]] += batch_size(batch)
         return batch
 
     def close(self) -> None:
@@ -440,7 +440,9 @@ def _to_numpy(element: Any) -> Batch:
     return element, None
 
 
-def _batch_size(batch: Batch) -> int:
+def batch_size(batch: Batch) -> int:
+    """Samples in a (features, labels) batch: the leading dimension of its first features array
+    (features may be a nest, e.g. the Model Zoo's dict of input_ids, input_mask, ...)."""
     leaves = [leaf for leaf in tf.nest.flatten(batch[0]) if isinstance(leaf, np.ndarray) and leaf.ndim]
     return int(leaves[0].shape[0]) if leaves else 1
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import tensorflow as tf
 
@@ -13,22 +13,55 @@ from estimator.source import function_location
 _DROP_REMAINDER_FIX = "dataset = dataset.shuffle(1000).repeat().batch(batch_size, drop_remainder=True)"
 
 
-def check_input_fn_signature(input_fn: Callable[..., Any]) -> list[CerebrasError]:
-    """input_fn takes exactly one argument, the `params` dict."""
+# What the CS system passes to input_fn: params, positionally (input workers) and by keyword (graph capture,
+# as tf.estimator's _call_input_fn does).
+CS_INPUT_FN_ARGS = ("params",)
+# What tf.estimator.Estimator passes by keyword to an input_fn that names them.
+ESTIMATOR_INPUT_FN_ARGS = ("params", "mode", "config")
+
+
+def unfilled_input_fn_parameters(input_fn: Callable[..., Any], passed: tuple[str, ...]) -> list[str] | None:
+    """The parameters of input_fn a caller passing only `passed` leaves without a value (None: no signature).
+
+    The one signature rule behind both the CS system's check (passed = CS_INPUT_FN_ARGS: `params` must also be
+    the first parameter, so input_fn(params) binds it) and precheck's "can the Estimator call it at all"
+    (passed = ESTIMATOR_INPUT_FN_ARGS). Parameters with defaults, *args and **kwargs never need a value.
+    """
     try:
         parameters = list(inspect.signature(input_fn).parameters.values())
     except (TypeError, ValueError):
-        return []  # a builtin or C callable: nothing to check
-    names = [p.name for p in parameters]
-    if names == ["params"]:
+        return None  # a builtin or C callable: nothing to check
+    keyword_kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    unfilled = [
+        p.name for p in parameters
+        if p.default is inspect.Parameter.empty
+        and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        and not (p.name in passed and p.kind in keyword_kinds)
+    ]
+    positional_params = (bool(parameters) and parameters[0].name == "params"
+                         and parameters[0].kind == inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if passed == CS_INPUT_FN_ARGS and not positional_params and "params" not in unfilled:
+        unfilled.insert(0, "params")  # input_fn(params) would not bind it (or it has no such parameter)
+    return unfilled
+
+
+def check_input_fn_signature(input_fn: Callable[..., Any]) -> list[CerebrasError]:
+    """input_fn is callable as `input_fn(params)`: its first parameter is `params`, any other has a default
+    (e.g. the Model Zoo's `def train_input_fn(params, input_context=None)`) or is *args/**kwargs."""
+    unfilled = unfilled_input_fn_parameters(input_fn, CS_INPUT_FN_ARGS)
+    if not unfilled:
         return []
+    names = list(inspect.signature(input_fn).parameters)
+    others = [name for name in unfilled if name != "params"]
     return [
         InputFunctionError(
             f"The input function only takes a single dictionary parameter, params; {_name(input_fn)} takes "
             f"({', '.join(names)}).",
             where=function_location(input_fn),
             fix="Define it as `def input_fn(params):` and read everything it needs (batch size, data paths, mode) "
-            "from params, which the CerebrasEstimator passes from its constructor.",
+            "from params, which the CerebrasEstimator passes from its constructor"
+            + (f"; or give {', '.join(others)} a default value (e.g. `{others[0]}=None`), since the CS system "
+               "passes params only." if others else "."),
         )
     ]
 
@@ -73,45 +106,74 @@ def _name(fn: Callable[..., Any]) -> str:
 
 
 def _split_element(spec: Any) -> tuple[Any, Any] | None:
-    """(features, labels) specs if the element has that shape, else None."""
+    """(features, labels) specs as tf.estimator's parse_input_fn_result splits the element, else None.
+
+    A 2-tuple (or list) is (features, labels); any other tuple/list cannot be split; anything else
+    (a tensor, a dict of them) is features alone, with labels None.
+    """
+    if isinstance(spec, (tuple, list)):
+        return (spec[0], spec[1]) if len(spec) == 2 else None
+    return spec, None
+
+
+_NON_NUMERIC = (tf.string, tf.variant, tf.resource)
+_COMPONENT_FIX = {
+    "a SparseTensor": "densify it in the input pipeline (tf.sparse.to_dense, padded to a fixed shape)",
+    "a RaggedTensor": "pad it to a fixed length in the input pipeline (ragged.to_tensor(shape=[batch, length]))",
+    "a string tensor": "encode the strings as integer ids in the input pipeline (e.g. a tf.lookup table)",
+}
+
+
+def _unsupported_components(spec: Any, path: str) -> list[tuple[str, str]]:
+    """(path, what it is) of every component of a features/labels nest the CS system cannot take."""
+    if isinstance(spec, Mapping):
+        return [found for key in sorted(spec) for found in _unsupported_components(spec[key], f"{path}[{key!r}]")]
+    if isinstance(spec, (tuple, list)):
+        return [found for i, value in enumerate(spec) for found in _unsupported_components(value, f"{path}[{i}]")]
     if isinstance(spec, tf.TensorSpec):
-        return spec, None
-    if isinstance(spec, tuple) and len(spec) == 2:
-        return spec
-    return None
+        if spec.dtype in _NON_NUMERIC:
+            return [(path, f"a {spec.dtype.name} tensor")]
+        return []
+    if is_none_spec(spec):
+        return [(path, "None")]
+    if isinstance(spec, tf.SparseTensorSpec):
+        return [(path, "a SparseTensor")]
+    if isinstance(spec, tf.RaggedTensorSpec):
+        return [(path, "a RaggedTensor")]
+    return [(path, f"a {type(spec).__name__}")]
 
 
 def check_element_structure(info: DatasetInfo) -> list[CerebrasError]:
-    """Elements are (features, labels): features a dense numeric tensor, labels one or None."""
+    """Elements are (features, labels) or features alone: features a dense numeric tensor or a nest
+    (dict/tuple/list, as the Model Zoo's transformers feed) of them, labels the same or None."""
     structure = describe_structure(info.element_spec)
     split = _split_element(info.element_spec)
-    fix = (
-        "Make each element a (features, labels) pair of dense numeric tensors: e.g. concatenate or stack a "
-        "feature dict into one tensor, densify sparse/ragged values (pad to a fixed length), and encode strings "
-        "as ids in the input pipeline."
-    )
-    problem = None
     if split is None:
-        problem = "an element must be (features, labels) or features alone"
-    else:
-        features, labels = split
-        if not _is_dense_numeric(features):
-            problem = "features must be a single dense numeric tensor"
-        elif not is_none_spec(labels) and not _is_dense_numeric(labels):
-            problem = "labels must be a single dense numeric tensor or None"
-    if problem is None:
+        return [
+            InputFunctionError(
+                f"Unsupported dataset element structure {structure}: an element must be (features, labels) "
+                "or features alone.",
+                where=info.source_location,
+                fix="Make each element a (features, labels) pair: e.g. move the extra components into a features "
+                "dict, ({'x': x, 'weights': w}, labels).",
+            )
+        ]
+    features, labels = split
+    found = _unsupported_components(features, "features")
+    if not is_none_spec(labels):
+        found += _unsupported_components(labels, "labels")
+    if not found:
         return []
+    component_fixes = [f"{path}: {_COMPONENT_FIX.get(what, 'make it a dense numeric tensor')}" for path, what in found]
     return [
         InputFunctionError(
-            f"Unsupported dataset element structure {structure}: {problem}.",
+            f"Unsupported dataset element structure {structure}: "
+            + "; ".join(f"{path} is {what}" for path, what in found)
+            + ". Features and labels must be dense numeric tensors, or dicts/tuples of them (labels may be None).",
             where=info.source_location,
-            fix=fix,
+            fix="; ".join(component_fixes) + ".",
         )
     ]
-
-
-def _is_dense_numeric(spec: Any) -> bool:
-    return isinstance(spec, tf.TensorSpec) and spec.dtype not in (tf.string, tf.variant, tf.resource)
 
 
 def check_fixed_batch(info: DatasetInfo) -> list[CerebrasError]:

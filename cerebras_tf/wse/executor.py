@@ -23,7 +23,7 @@ rounded and a run matches TensorFlow on CPU step by step.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -107,15 +107,16 @@ class Executor:
         name = self.program.global_step
         return int(self._variables[name]) if name in self._variables else 0
 
-    def step(self, features: np.ndarray, labels: np.ndarray | None = None) -> StepResult:
-        """Run the program once on one batch."""
+    def step(self, features: Any, labels: Any = None) -> StepResult:
+        """Run the program once on one batch.
+
+        `features` and `labels` are numpy arrays or nests of them (dict/tuple/list, as the input
+        pipeline produced them); labels may be None when the program does not read labels. Their
+        leaves are matched to the program inputs by `ir.input_leaves` keys; leaves the program has
+        no input for are ignored.
+        """
         values: dict[int, np.ndarray] = dict(self._constants)
-        for key, array in (("features", features), ("labels", labels)):
-            if key in self.program.inputs:
-                tensor = self.program.tensors[self.program.inputs[key]]
-                if array is None:
-                    raise ValueError(f"the program needs {key} (shape {tensor.shape}), got None")
-                values[tensor.id] = self._as_input(key, array, tensor)
+        values.update(self._bind_inputs(features, labels))
         step = self.global_step
         scale = self.grad_scaler.scale if self.grad_scaler is not None else None
         with np.errstate(over="ignore", invalid="ignore"):  # non-finite values are the GradScaler's to handle
@@ -132,6 +133,20 @@ class Executor:
         return StepResult(outputs=outputs, finite=finite, loss_scale=scale)
 
     # ---- internals ----------------------------------------------------------------
+    def _bind_inputs(self, features: Any, labels: Any) -> dict[int, np.ndarray]:
+        """Program input tensor id -> the batch's array, checked against the compiled shapes."""
+        given = {**ir.input_leaves("features", features), **ir.input_leaves("labels", labels)}
+        bound = {}
+        for key, tid in self.program.inputs.items():
+            tensor = self.program.tensors[tid]
+            if key not in given:
+                side = key.split("/", 1)[0]
+                have = sorted(k for k in given if k.split("/", 1)[0] == side)
+                raise ValueError(f"the program needs {key} (shape {tensor.shape}), but the batch has "
+                                 f"{', '.join(have) if have else f'no {side}'}")
+            bound[tid] = self._as_input(key, given[key], tensor)
+        return bound
+
     def _as_input(self, key: str, array: np.ndarray, tensor: ir.Tensor) -> np.ndarray:
         array = np.asarray(array, dtype=np_dtype(tensor.dtype))
         if list(array.shape) != list(tensor.shape):

@@ -164,3 +164,17 @@ def test_ir_and_costs_load_without_tensorflow():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                             cwd=str(pathlib.Path(__file__).resolve().parents[2]))
     assert result.stdout.strip() == "False"  # an executor can read programs without TF
+
+
+def test_input_leaves_keys_a_nest_as_program_inputs_in_tf_nest_order():
+    import tensorflow as tf
+
+    nest = {"b": np.zeros(2), "a": (np.ones(1), {"z": np.ones(3), "y": [np.ones(4)]})}
+    leaves = ir.input_leaves("features", nest)
+    assert list(leaves) == ["features/a/0", "features/a/1/y/0", "features/a/1/z", "features/b"]
+    assert [leaf.shape for leaf in leaves.values()] == [leaf.shape for leaf in tf.nest.flatten(nest)]  # same order
+    single = np.zeros(3)
+    assert ir.input_leaves("features", single) == {"features": single}
+    assert ir.input_leaves("labels", None) == {}
+    tensor = tf.constant([1.0])
+    assert ir.input_leaves("labels", {"y": tensor})["labels/y"] is tensor  # TF tensors key the same way
