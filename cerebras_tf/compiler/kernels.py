@@ -211,6 +211,11 @@ def unsupported_hint(op: tf.Operation) -> str:
     if op.type in _LOOPS:
         return ("Loops (tf.while_loop, or a Python loop over tensors that AutoGraph turned into one) are not "
                 "supported: the graph must be static. Unroll the loop in Python with a fixed trip count.")
+    if op.type in ("OptionalFromValue", "OptionalNone", "OptionalGetValue", "OptionalHasValue"):
+        return ("TF keeps the intermediates of a differentiated tf.cond/tf.case in optionals for its gradient, "
+                "which the CS system cannot hold. Choose between differentiable values with tf.where(cond, x, y) "
+                "(both computed, as the if-converted branches are), and keep tf.cond for choices that are not "
+                "differentiated (schedules, loss-scale updates).")
     if op.type in ("Case", "StatelessCase"):
         return ("tf.switch_case (a Case op over an index) is not supported. Write it as tf.case over predicates "
                 "or nested tf.cond (compiled by running every branch and selecting the result; branch variable "

@@ -38,6 +38,7 @@ ALIAS_OPS = frozenset({"Identity", "IdentityN", "StopGradient", "Snapshot", "Pre
 _ASSERT_OPS = frozenset({"Assert", "PrintV2", "Print"})
 _GRADIENT_SCOPE = re.compile(r"(^|/)gradients(_\d+)?/")
 _IF_OPS = frozenset({"If", "StatelessIf"})
+_WHILE_OPS = frozenset({"While", "StatelessWhile"})
 
 
 class VarRef(str):
@@ -538,6 +539,11 @@ class _GraphLowerer:
             else:
                 env[placeholder.name] = value
         ops, _ = needed_ops([t.op for t in graph.outputs] + list(graph.control_outputs), set())
+        loop = next((inner for inner in ops if inner.type in _WHILE_OPS), None)
+        if loop is not None:  # named as such, not by the first of its gradient accumulators (TensorList ops)
+            raise UnsupportedOpError(
+                f"Op type {loop.type!r} (op {self._name(op) + '/' + loop.name!r}): a tf.while_loop inside a branch of "
+                f"a tf.cond/tf.case cannot be compiled.", where=self._where(op), fix=kernels.unsupported_hint(loop))
         inner = _GraphLowerer(self.b, ops, env=env, known=known, prefix=self._name(op),
                               location=self._where(op), role=role, guard=guard)
         inner.run()
