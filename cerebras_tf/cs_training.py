@@ -130,8 +130,8 @@ class TrainingSummaries:
         steps_per_sec, samples_per_sec = self._window_steps / seconds, self._window_samples / seconds
         self._window_start, self._window_steps, self._window_samples = now, 0, 0
         input_stats = self._stream.stats()
-        _log.info("loss = %g, step = %d (%.1f global_step/sec, loss scale %g)", loss, step, steps_per_sec,
-                  loss_scale)
+        _log.info("loss = %g, step = %d (%.1f global_step/sec%s)", loss, step, steps_per_sec,
+                  "" if loss_scale is None else f", loss scale {loss_scale:g}")
         if len(self._stream.workers) > 1:
             _log.info("Input: %s; waited %.0f%% of the time for data.",
                       ", ".join(f"{w} {input_stats.share(w):.0%}" for w in self._stream.workers),
@@ -158,9 +158,12 @@ def half_dtype_of(config: Any) -> str | None:
     return getattr(config, "half_dtype", None)
 
 
-def grad_scaler_for(program: ir.Program, half_dtype: str | None = None) -> GradScaler:
+def grad_scaler_for(program: ir.Program, half_dtype: str | None = None) -> GradScaler | None:
     """The executor's GradScaler: amp.optimizer_step's settings in the program, else dynamic with the
-    defaults for `half_dtype` (None: amp's selected half dtype)."""
+    defaults for `half_dtype` (None: amp's selected half dtype); None when the model does its own loss
+    scaling (it guards its own weight update)."""
+    if program.model_loss_scaling:
+        return None
     if program.loss_scaling is None:
         return GradScaler(loss_scale="dynamic", half_dtype=half_dtype)
     return GradScaler.from_config(program.loss_scaling)
@@ -209,14 +212,16 @@ def warm_start_values(settings: Any, program: ir.Program) -> dict[str, np.ndarra
 
 class CheckpointWriter:
     """Writes every program variable, under its TF name, and the dynamic loss scale's state (amp/...,
-    as amp.optimizer_step names it on CPU) as a standard TF checkpoint in model_dir."""
+    as amp.optimizer_step names it on CPU) as a standard TF checkpoint in model_dir. A model doing its
+    own loss scaling has its scale among its variables: then there is no amp/ state."""
 
     def __init__(self, program: ir.Program, model_dir: str, keep_checkpoint_max: int | None) -> None:
         self.program = program
         self.model_dir = model_dir
         self._graph = tf.Graph()
         specs = {v.name: (v.dtype, v.shape) for v in program.variables}
-        specs.update({_loss_scale_name(key): (dtype, ()) for key, dtype in STATE_VARIABLES.items()})
+        if not program.model_loss_scaling:
+            specs.update({_loss_scale_name(key): (dtype, ()) for key, dtype in STATE_VARIABLES.items()})
         with self._graph.as_default():
             self._feeds = {name: tf.compat.v1.placeholder(dtype, shape) for name, (dtype, shape) in specs.items()}
             variables = {name: tf.compat.v1.Variable(feed, name=name, trainable=False)
@@ -239,9 +244,14 @@ class CheckpointWriter:
             values.update(warm_start_values(warm_start, self.program))
         return values
 
-    def starting_grad_scaler(self, half_dtype: str | None = None) -> GradScaler:
-        """The program's GradScaler, continuing from the loss-scale state in model_dir's latest checkpoint."""
+    def starting_grad_scaler(self, half_dtype: str | None = None) -> GradScaler | None:
+        """The program's GradScaler, continuing from the loss-scale state in model_dir's latest checkpoint
+        (None when the model does its own loss scaling)."""
         scaler = grad_scaler_for(self.program, half_dtype)
+        if scaler is None:
+            _log.info("The model does its own loss scaling (its update is guarded by its own overflow check): "
+                      "the simulated WSE applies none of its own.")
+            return None
         latest = tf.train.latest_checkpoint(self.model_dir)
         if latest is not None:
             reader = tf.train.load_checkpoint(latest)
@@ -252,8 +262,9 @@ class CheckpointWriter:
     def save(self, executor: Executor, step: int) -> str:
         """Write model.ckpt-<step>; the `checkpoint` index is updated last, so a crash leaves the previous one."""
         values = executor.variables()
-        state = executor.grad_scaler.state_dict() if executor.grad_scaler is not None else {}
-        values.update({_loss_scale_name(key): state.get(key, 0) for key in STATE_VARIABLES})
+        if not self.program.model_loss_scaling:
+            state = executor.grad_scaler.state_dict() if executor.grad_scaler is not None else {}
+            values.update({_loss_scale_name(key): state.get(key, 0) for key in STATE_VARIABLES})
         with self._graph.as_default():
             self._session.run(self._init, {self._feeds[name]: value for name, value in values.items()})
             path = self._saver.save(self._session, os.path.join(self.model_dir, "model.ckpt"), global_step=step,

@@ -19,6 +19,10 @@ to TensorFlow objects. Conventions:
 - `role` is one of ROLES; the gradient seed is a kernel of its own (kind
   "gradient_seed", a splat of ones shaped like the loss) so an executor can
   scale it (loss scaling) and unscale the tensors in `Program.gradients`.
+- A kernel with `guard` set (the id of a scalar bool tensor, computed by an
+  earlier kernel) runs only when that tensor is True: the variable writes of
+  an if-converted tf.cond branch (both branches compute, a select picks the
+  outputs, only the taken branch writes). Only variable writes are guarded.
 """
 from __future__ import annotations
 
@@ -80,6 +84,7 @@ class Kernel:
     tf_type: str = ""
     location: str | None = None  # user's file:line
     flops: int = 0  # estimated per step (whole batch)
+    guard: int | None = None  # scalar bool tensor id: run only when it is True (writes in tf.cond branches)
 
 
 @dataclasses.dataclass
@@ -119,6 +124,9 @@ class Program:
     precision_casts: bool = True
     # amp.optimizer_step's settings (GradScaler.config() incl. clipping); None: the default dynamic scaling
     loss_scaling: dict[str, Any] | None = None
+    # the model scales its own loss (e.g. TF's loss-scale optimizer guards its weight update): an executor
+    # applies no loss scaling of its own, and the model's scale variables are ordinary program variables
+    model_loss_scaling: bool = False
     version: int = IR_VERSION
     arrays: dict[int, np.ndarray] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 

@@ -211,10 +211,18 @@ def unsupported_hint(op: tf.Operation) -> str:
     if op.type in _LOOPS:
         return ("Loops (tf.while_loop, or a Python loop over tensors that AutoGraph turned into one) are not "
                 "supported: the graph must be static. Unroll the loop in Python with a fixed trip count.")
-    if op.type in ("If", "StatelessIf", "Case", "StatelessCase"):
-        return ("Only side-effect-free tf.cond/tf.case branches can be compiled (both branches run and a select "
-                "picks the result). Use tf.where(cond, x, y) for data-dependent choices, and Python if/else "
-                "for choices fixed when the graph is built.")
+    if op.type in ("OptionalFromValue", "OptionalNone", "OptionalGetValue", "OptionalHasValue"):
+        return ("TF keeps the intermediates of a differentiated tf.cond/tf.case in optionals for its gradient, "
+                "which the CS system cannot hold. Choose between differentiable values with tf.where(cond, x, y) "
+                "(both computed, as the if-converted branches are), and keep tf.cond for choices that are not "
+                "differentiated (schedules, loss-scale updates).")
+    if op.type in ("Case", "StatelessCase"):
+        return ("tf.switch_case (a Case op over an index) is not supported. Write it as tf.case over predicates "
+                "or nested tf.cond (compiled by running every branch and selecting the result; branch variable "
+                "writes happen only in the taken branch), or tf.where for element-wise choices.")
+    if op.type in ("If", "StatelessIf"):
+        return ("tf.cond/tf.case is compiled by running both branches and selecting the result (variable writes "
+                "happen only in the taken branch), so every op in both branches must run on the CS system.")
     if op.type in ("PartitionedCall", "StatefulPartitionedCall"):
         return "Calls of tf.function inside model_fn are not inlined; call the Python function directly instead."
     if op.type.startswith("Assert") or op.type in ("PrintV2", "Print"):

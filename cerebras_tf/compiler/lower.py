@@ -6,10 +6,13 @@ to the program inputs (features, labels) and the variables, folds what is
 static (fold.py), matches every remaining op to a kernel (kernels.py) and
 inserts the WSE precision casts. Identity/NoOp/StopGradient and control edges
 disappear; the kernel order (TF creation order, a topological order of data
-and control edges) keeps what they implied. Side-effect-free tf.cond/tf.case
-(e.g. inside piecewise_constant) is if-converted: both branches run and a
-select picks the result. Every problem is collected and raised at once, each
-naming the op, its type and the user's file:line.
+and control edges) keeps what they implied. tf.cond/tf.case (If ops) are
+if-converted: both branches run and a select picks the result; branches may
+read variables (learning-rate schedules over global_step) and write them (a
+loss-scale optimizer's guarded update): each write in a branch is guarded by
+the branch's condition (Kernel.guard), so only the taken branch writes. Every
+problem is collected and raised at once, each naming the op, its type and the
+user's file:line.
 """
 from __future__ import annotations
 
@@ -17,11 +20,12 @@ import functools
 import hashlib
 import json
 import re
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.framework import function_def_to_graph  # pylint: disable=no-name-in-module
+from tensorflow.python.framework import func_graph as func_graph_module  # pylint: disable=no-name-in-module
+from tensorflow.python.framework import function_def_to_graph, importer  # pylint: disable=no-name-in-module
 
 from cerebras_tf.amp.target import LOSS_SCALING_COLLECTION
 from cerebras_tf.compiler import fold, ir, kernels
@@ -34,6 +38,7 @@ ALIAS_OPS = frozenset({"Identity", "IdentityN", "StopGradient", "Snapshot", "Pre
 _ASSERT_OPS = frozenset({"Assert", "PrintV2", "Print"})
 _GRADIENT_SCOPE = re.compile(r"(^|/)gradients(_\d+)?/")
 _IF_OPS = frozenset({"If", "StatelessIf"})
+_WHILE_OPS = frozenset({"While", "StatelessWhile"})
 
 
 class VarRef(str):
@@ -223,14 +228,15 @@ class _Builder:
 
     def kernel(self, kind: str, inputs: list[int], outputs: list[int], attrs: dict[str, Any], *,
                role: str, vars_: list[str] | None = None, tf_op: tf.Operation | None = None,
-               tf_name: str = "", location: str | None = None, category: str = "elementwise") -> ir.Kernel:
+               tf_name: str = "", location: str | None = None, category: str = "elementwise",
+               guard: int | None = None) -> ir.Kernel:
         shapes_in = [self.tensors[i].shape for i in inputs]
         shapes_out = [self.tensors[i].shape for i in outputs]
         kernel = ir.Kernel(
             id=len(self.kernels), kind=kind, inputs=inputs, outputs=outputs, attrs=attrs, role=role,
             vars=list(vars_ or []), tf_name=tf_name or (tf_op.name if tf_op is not None else ""),
             tf_type=tf_op.type if tf_op is not None else "", location=location,
-            flops=kernels.estimate_flops(kind, category, shapes_in, shapes_out, attrs))
+            flops=kernels.estimate_flops(kind, category, shapes_in, shapes_out, attrs), guard=guard)
         self.kernels.append(kernel)
         return kernel
 
@@ -244,10 +250,37 @@ class _Builder:
             self._half[source] = out
         return self._half[source]
 
-    def branch_graph(self, name: str) -> tf.Graph:
-        if name not in self._branches:
-            self._branches[name] = function_def_to_graph.function_def_to_graph(_function_def(self.graph, name))
-        return self._branches[name]
+    def branch_graph(self, name: str, variables: tuple[tuple[int, str], ...] = ()) -> tf.Graph:
+        """The graph of function `name`; `variables` (argument index, variable name) are the resource
+        arguments bound to variables, whose shapes TF's shape inference then knows inside the function."""
+        key = (name, variables)
+        if key not in self._branches:
+            fdef = _function_def(self.graph, name)
+            self._branches[key] = _function_graph(fdef, {i: self.variables[v] for i, v in variables})
+        return self._branches[key]
+
+
+def _function_graph(fdef: Any, variables: dict[int, tf.Operation]) -> tf.Graph:
+    """function_def_to_graph, except that the resource arguments in `variables` become handles of those
+    variables (VarHandleOps of their dtype and shape, under the argument's name): a function argument
+    carries no variable shape, so reads of it would have unknown shapes."""
+    graph_def, flat = function_def_to_graph.function_def_to_graph_def(fdef)
+    for index, variable in variables.items():
+        node = next(n for n in graph_def.node if n.name == fdef.signature.input_arg[index].name)
+        node.op = "VarHandleOp"
+        node.ClearField("attr")
+        node.attr["dtype"].type = variable.get_attr("dtype").as_datatype_enum
+        node.attr["shape"].shape.CopyFrom(tf.TensorShape(variable.get_attr("shape")).as_proto())
+        node.attr["container"].s = b""
+        node.attr["shared_name"].s = node.name.encode()
+    graph = func_graph_module.FuncGraph(fdef.signature.name)
+    with graph.as_default():
+        importer.import_graph_def_for_function(graph_def, name="")
+    graph.inputs = [graph.get_tensor_by_name(flat[arg.name]) for arg in fdef.signature.input_arg]
+    graph.outputs = [graph.get_tensor_by_name(flat[fdef.ret[arg.name]]) for arg in fdef.signature.output_arg]
+    graph.control_outputs = [graph.get_operation_by_name(fdef.control_ret[name])
+                             for name in fdef.signature.control_output]
+    return graph
 
 
 class _GraphLowerer:
@@ -255,13 +288,15 @@ class _GraphLowerer:
 
     def __init__(self, builder: _Builder, ops: Sequence[tf.Operation], *, env: dict[str, Any],
                  known: dict[str, fold.Value] | None = None, prefix: str = "",
-                 location: str | None = None, role: str | None = None) -> None:
+                 location: str | None = None, role: str | None = None,
+                 guard: Callable[[], int] | None = None) -> None:
         self.b = builder
         self.ops = ops
         self.env = env  # tf tensor name -> IR tensor id or VarRef
         self.prefix = prefix  # for branch ops: the If op's name
         self.location = location  # for branch ops: the If op's location
         self.forced_role = role
+        self.guard = guard  # in a tf.cond branch: makes (once) the scalar bool guarding its variable writes
         self.folder = fold.Folder(ops, known)
         self.poisoned: set[str] = set()
         self.failed: set[str] = set()
@@ -298,7 +333,8 @@ class _GraphLowerer:
             try:
                 self._lower(op)
             except CerebrasError as problem:
-                if not self._gradient_of_failed(op):  # report the forward op, not its gradient too
+                if not isinstance(problem, _BranchFailed) and not self._gradient_of_failed(op):
+                    # reported once: the forward op, not its gradient too, nor the If of a failed branch op
                     self.b.problems.append(problem)
                 self.failed.add(op.name)
                 self.poisoned.update(t.name for t in op.outputs)
@@ -385,15 +421,17 @@ class _GraphLowerer:
             attrs["broadcast"] = "v1" if op.type == "Select" else "numpy"
         if definition.kind == "reshape":
             attrs["shape"] = list(self.b.tensors[outputs[0]].shape)  # -1 resolved
+        guard = None
         if definition.kind in kernels.WRITES:
             role = self._write_role(vars_, role)
+            guard = self.guard() if self.guard is not None else None
         if definition.compute:
             attrs["accumulate"] = "float32"
             if self.b.casts:
                 inputs = [self.b.to_half(t, role, self._name(op), where) if self.b.tensors[t].dtype == "float32"
                           else t for t in inputs]
         self.b.kernel(definition.kind, inputs, outputs, attrs, role=role, vars_=vars_, tf_op=op,
-                      tf_name=self._name(op), location=where, category=definition.category)
+                      tf_name=self._name(op), location=where, category=definition.category, guard=guard)
         for out, tid in zip(op.outputs, outputs):
             self.env[out.name] = tid
 
@@ -435,17 +473,20 @@ class _GraphLowerer:
 
     # ---- if-conversion ------------------------------------------------------------
     def _lower_if(self, op: tf.Operation, role: str) -> None:
+        """Both branches run and a select picks each output; each branch's variable writes are guarded
+        by its condition (combined with the enclosing branch's), so only the taken branch writes."""
         pred, args = op.inputs[0], list(op.inputs[1:])
         branches = [op.get_attr("then_branch").name, op.get_attr("else_branch").name]
         if self.folder.is_const(pred):
             value = self.folder.value(pred)
             taken = value.value if isinstance(value, fold.Splat) else np.asarray(value).item()
             chosen = branches[0] if taken else branches[1]
-            for out, value in zip(op.outputs, self._lower_branch(op, chosen, args, role)):
+            for out, value in zip(op.outputs, self._lower_branch(op, chosen, args, role, self.guard)):
                 self.env[out.name] = value
             return
-        results = [self._lower_branch(op, name, args, role) for name in branches]
         condition = self.operand(pred)
+        guards = [self._branch_guard(op, condition, negate, role) for negate in (False, True)]
+        results = [self._lower_branch(op, name, args, role, guard) for name, guard in zip(branches, guards)]
         for index, (then_value, else_value) in enumerate(zip(*results)):
             out = self._output_tensor(op, index, {})
             self.b.kernel("select", [condition, then_value, else_value], [out], {"broadcast": "numpy"},
@@ -453,27 +494,70 @@ class _GraphLowerer:
             self.env[op.outputs[index].name] = out
         self.b.if_converted += 1
 
-    def _lower_branch(self, op: tf.Operation, function: str, args: list[tf.Tensor], role: str) -> list[int]:
-        graph = self.b.branch_graph(function)
-        impure = [inner for inner in graph.get_operations()
-                  if inner.type not in _IF_OPS and fold._is_stateful(inner)]  # pylint: disable=protected-access
-        if impure:
-            raise UnsupportedOpError(
-                f"Op type {op.type!r} (op {self._name(op)!r}): a tf.cond/tf.case branch has side effects "
-                f"({impure[0].type} {impure[0].name!r}), so it cannot be if-converted.",
-                where=self._where(op), fix=kernels.unsupported_hint(op))
+    def _branch_guard(self, op: tf.Operation, condition: int, negate: bool, role: str) -> Callable[[], int]:
+        """A maker of the scalar bool guarding one branch's writes: the condition (negated for the else
+        branch), and-ed with the enclosing guard. Made on the first write, so pure branches add nothing;
+        these kernels are pure and run every step."""
+        outer = self.guard
+
+        @functools.lru_cache(maxsize=None)
+        def make() -> int:
+            where, name = self._where(op), self._name(op)
+            tensor = self.b.tensors[condition]
+            if tensor.shape:
+                raise UnsupportedOpError(
+                    f"Op type {op.type!r} (op {name!r}): a tf.cond whose branches write variables needs a scalar "
+                    f"condition, this one has shape {tensor.shape}.", where=where,
+                    fix="Reduce the condition to one bool (tf.reduce_all / tf.reduce_any).")
+            guard = condition
+            if tensor.dtype != "bool":  # If: a non-zero number is true
+                guard = self.b.tensor([], "bool", f"{name}/guard_pred")
+                self.b.kernel("cast", [condition], [guard], {"to": "bool"}, role=role, tf_name=f"{name}/guard_pred",
+                              location=where)
+            if negate:
+                negated = self.b.tensor([], "bool", f"{name}/else_guard")
+                self.b.kernel("logical_not", [guard], [negated], {}, role=role, tf_name=f"{name}/else_guard",
+                              location=where)
+                guard = negated
+            if outer is not None:
+                both = self.b.tensor([], "bool", f"{name}/{'else' if negate else 'then'}_guard_nested")
+                self.b.kernel("logical_and", [outer(), guard], [both], {}, role=role, tf_name=self.b.tensors[both].name,
+                              location=where)
+                guard = both
+            return guard
+
+        return make
+
+    def _lower_branch(self, op: tf.Operation, function: str, args: list[tf.Tensor], role: str,
+                      guard: Callable[[], int] | None) -> list[int]:
+        """Lower one branch function: its outputs and the ops reachable from its control outputs (the
+        writes of a branch that returns nothing); its variable writes are guarded by `guard`."""
+        values = [None if self.folder.is_const(arg) else self.operand(arg) for arg in args]
+        graph = self.b.branch_graph(function, tuple((i, str(v)) for i, v in enumerate(values)
+                                                    if isinstance(v, VarRef)))
         env: dict[str, Any] = {}
         known: dict[str, fold.Value] = {}
-        for placeholder, arg in zip(graph.inputs, args):
-            if self.folder.is_const(arg):
+        for placeholder, arg, value in zip(graph.inputs, args, values):
+            if value is None:
                 known[placeholder.name] = self.folder.value(arg)
             else:
-                env[placeholder.name] = self.operand(arg)
-        ops, _ = needed_ops([t.op for t in graph.outputs], set())
+                env[placeholder.name] = value
+        ops, _ = needed_ops([t.op for t in graph.outputs] + list(graph.control_outputs), set())
+        loop = next((inner for inner in ops if inner.type in _WHILE_OPS), None)
+        if loop is not None:  # named as such, not by the first of its gradient accumulators (TensorList ops)
+            raise UnsupportedOpError(
+                f"Op type {loop.type!r} (op {self._name(op) + '/' + loop.name!r}): a tf.while_loop inside a branch of "
+                f"a tf.cond/tf.case cannot be compiled.", where=self._where(op), fix=kernels.unsupported_hint(loop))
         inner = _GraphLowerer(self.b, ops, env=env, known=known, prefix=self._name(op),
-                              location=self._where(op), role=role)
+                              location=self._where(op), role=role, guard=guard)
         inner.run()
+        if inner.failed:  # reported; the If's outputs are poisoned
+            raise _BranchFailed(f"a branch of {self._name(op)!r} failed")
         return [inner.operand(t) for t in graph.outputs]
+
+
+class _BranchFailed(CerebrasError):
+    """A branch op failed (its problem is already reported): the If op fails without a report of its own."""
 
 
 def _shape_from_attrs(op: tf.Operation, attrs: dict[str, Any]) -> list[int] | None:
@@ -527,6 +611,7 @@ def lower(model: CapturedModel, *, casts: bool = True) -> tuple[ir.Program, dict
         host_call=host_kind, gradient_seed=builder.seed_kernels[0] if builder.seed_kernels else None,
         global_step=model.input.global_step.op.name if model.input.global_step is not None else None,
         precision_casts=casts, loss_scaling=loss_scaling(graph), arrays=builder.arrays)
+    program.model_loss_scaling = _guards_trainable_writes(program)
     program.gradients = _gradient_tensors(program)
     program.layers = _layers(program)
     stats = {"tf_ops": len(ops), "folded_ops": builder.folded_ops, "aliases_removed": builder.aliases_removed,
@@ -541,7 +626,8 @@ def _prune_dead_kernels(builder: _Builder, keep: set[int]) -> int:
     TF runs such ops only because gradient tuples group them by control
     dependency (e.g. the gradient of a MatMul with respect to the input
     features). A kernel stays if it writes a variable, is a gradient seed, or
-    produces a tensor in `keep` (the program outputs) or read by a kept kernel.
+    produces a tensor in `keep` (the program outputs) or read (or used as its
+    guard) by a kept kernel.
     """
     live, alive = set(keep), []
     for kernel in reversed(builder.kernels):
@@ -549,6 +635,8 @@ def _prune_dead_kernels(builder: _Builder, keep: set[int]) -> int:
                 or any(t in live for t in kernel.outputs)):
             alive.append(kernel)
             live.update(kernel.inputs)
+            if kernel.guard is not None:
+                live.add(kernel.guard)
     alive.reverse()
     renumbered = {kernel.id: index for index, kernel in enumerate(alive)}
     for kernel in alive:
@@ -605,6 +693,15 @@ def _variables(builder: _Builder, model: CapturedModel) -> list[ir.Variable]:
                                      name in trainable, role, slot_of))
     raise_problems(builder.problems)
     return variables
+
+
+def _guards_trainable_writes(program: ir.Program) -> bool:
+    """True when a trainable variable is written under a guard: the model decides itself whether a step
+    updates the weights (TF's loss-scale optimizer: tf.cond(grads are finite, apply, no_op)), so it does
+    its own loss scaling and an executor must not add its own."""
+    trainable = {v.name for v in program.variables if v.trainable}
+    return any(k.guard is not None and k.kind in kernels.WRITES and trainable.intersection(k.vars)
+               for k in program.kernels)
 
 
 def _gradient_tensors(program: ir.Program) -> list[int]:

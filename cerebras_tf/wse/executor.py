@@ -8,12 +8,18 @@ step runs in three phases, which the IR's kernel roles make safe:
    (e.g. batch-norm moving averages); the gradient seed is multiplied by the
    loss scale when a GradScaler is given;
 2. loss scaling: the tensors in `program.gradients` are unscaled and checked
-   (and clipped, if the scaler has max_gradient_norm); if any is not finite
-   the optimizer kernels are skipped, so no weight or optimizer slot changes;
-   then the optimizer-role kernels, in program order;
-3. the global-step update, which runs on every step.
+   (and clipped, if the scaler has max_gradient_norm); then the
+   optimizer-role kernels, in program order; if a gradient is not finite,
+   their variable writes are skipped (so no weight or optimizer slot changes)
+   but their other kernels run, so every program output (e.g. a gradient norm
+   streamed to a host_call) exists on every step;
+3. the global-step update, which runs on every step (unless guarded).
 
-Phase 1 never reads what phase 2 writes: the constructor checks this on the
+A kernel with a `guard` (the writes of an if-converted tf.cond branch) runs
+only when its guard tensor is True. A model that guards its own weight update
+(`program.model_loss_scaling`: TF's loss-scale optimizer) is run without a
+GradScaler: its own scale variables are updated by its own kernels. No phase
+reads a tensor a later phase produces: the constructor checks this on the
 program and refuses it otherwise. Half precision: the compiler's `to_half`
 kernels round their input to the half dtype (float32 storage); matmul/conv
 accumulate in float32; weights and updates stay float32. With the half dtype
@@ -61,6 +67,7 @@ class _Planned:
     fn: Callable[[list[np.ndarray], Mapping, KernelContext], list[np.ndarray]]
     ctx: KernelContext
     frees: list[int]  # tensors this kernel reads last: dropped after it runs
+    writes: bool  # writes variables (skipped on a non-finite step with a GradScaler)
 
 
 def _read_shared(inputs: list[np.ndarray], attrs: Mapping, ctx: KernelContext) -> list[np.ndarray]:
@@ -119,16 +126,17 @@ class Executor:
         values.update(self._bind_inputs(features, labels))
         step = self.global_step
         scale = self.grad_scaler.scale if self.grad_scaler is not None else None
-        with np.errstate(over="ignore", invalid="ignore"):  # non-finite values are the GradScaler's to handle
+        # non-finite values are the GradScaler's (or the model's own loss scaling's) to handle; the untaken
+        # branch of an if-converted tf.cond may compute anything
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             self._run(self._plans[0], values, step, scale)
-        finite = True
-        if self._plans[1]:
-            finite = self._unscale_and_check(values)
-            if finite:
-                self._run(self._plans[1], values, step, scale)
-            if self.grad_scaler is not None:
-                self.grad_scaler.update(finite)
-        self._run(self._plans[2], values, step, scale)
+            finite = True
+            if self._plans[1]:
+                finite = self._unscale_and_check(values)
+                self._run(self._plans[1], values, step, scale, skip_writes=not finite)
+                if self.grad_scaler is not None:
+                    self.grad_scaler.update(finite)
+            self._run(self._plans[2], values, step, scale)
         outputs = {key: values[tid] for key, tid in self.program.outputs.items()}
         return StepResult(outputs=outputs, finite=finite, loss_scale=scale)
 
@@ -165,18 +173,22 @@ class Executor:
             else:
                 fn = KERNELS[kernel.kind]
             ctx = KernelContext(variables=[self._variables[name] for name in kernel.vars], salt=kernel.id)
-            frees = list(dict.fromkeys(t for t in kernel.inputs
+            frees = list(dict.fromkeys(t for t in _reads(kernel)
                                        if self._last_use.get(t) == kernel.id and t not in self._keep))
-            planned.append(_Planned(kernel, fn, ctx, frees))
+            writes = bool(kernel.vars) and kernel.kind not in _READS_ONLY
+            planned.append(_Planned(kernel, fn, ctx, frees, writes))
         return planned
 
-    def _run(self, plan: list[_Planned], values: dict[int, np.ndarray], step: int, scale: float | None) -> None:
+    def _run(self, plan: list[_Planned], values: dict[int, np.ndarray], step: int, scale: float | None,
+             skip_writes: bool = False) -> None:
         self._scale = scale
         for p in plan:
-            p.ctx.step = step
-            outputs = p.fn([values[t] for t in p.kernel.inputs], p.kernel.attrs, p.ctx)
-            for tid, value in zip(p.kernel.outputs, outputs):
-                values[tid] = value
+            guard = p.kernel.guard
+            if not (skip_writes and p.writes) and (guard is None or bool(values[guard])):
+                p.ctx.step = step
+                outputs = p.fn([values[t] for t in p.kernel.inputs], p.kernel.attrs, p.ctx)
+                for tid, value in zip(p.kernel.outputs, outputs):
+                    values[tid] = value
             for tid in p.frees:
                 del values[tid]
 
@@ -203,7 +215,7 @@ class Executor:
                     writes.setdefault(name, []).append(position[k.id])
         consumers: dict[int, list[int]] = {}
         for k in order:
-            for t in k.inputs:
+            for t in _reads(k):
                 consumers.setdefault(t, []).append(position[k.id])
         aliases: dict[int, list[int]] = {}  # tensor -> outputs that may view it
         for k in order:
@@ -237,11 +249,15 @@ class Executor:
         return bool(result.finite)
 
     def _check_phases(self) -> None:
-        written_later = {t for kernels in self._phases[1:] for k in kernels for t in k.outputs}
-        for kernel in self._phases[0]:
-            if set(kernel.inputs) & written_later:
-                raise ValueError(f"kernel {kernel.id} ({kernel.kind}, role {kernel.role}) reads a tensor produced "
-                                 "by an optimizer kernel: the program cannot be split for loss scaling")
+        phase_of = {t: index for index, kernels in enumerate(self._phases) for k in kernels for t in k.outputs}
+        for index, kernels in enumerate(self._phases):
+            for kernel in kernels:
+                later = [t for t in _reads(kernel) if phase_of.get(t, index) > index]
+                if later:
+                    producer = "an optimizer kernel" if phase_of[later[0]] == 1 else "the global-step update"
+                    raise ValueError(f"kernel {kernel.id} ({kernel.kind}, role {kernel.role}) reads tensor {later[0]} "
+                                     f"produced by {producer}, which runs after it: the program cannot be split "
+                                     "for loss scaling")
         missing = set(self.program.gradients) - {t for k in self._phases[0] for t in k.outputs}
         if self._phases[1] and missing:
             raise ValueError(f"gradient tensors {sorted(missing)} are not computed before the optimizer kernels")
@@ -250,7 +266,12 @@ class Executor:
         last: dict[int, int] = {}
         for kernels in self._phases:
             for kernel in kernels:
-                for tid in kernel.inputs:
+                for tid in _reads(kernel):
                     last[tid] = kernel.id
         return last
+
+
+def _reads(kernel: ir.Kernel) -> list[int]:
+    """The tensors a kernel reads: its inputs and its guard."""
+    return kernel.inputs if kernel.guard is None else [*kernel.inputs, kernel.guard]
 

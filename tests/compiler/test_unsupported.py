@@ -36,6 +36,13 @@ def _while_loop(x, labels):
     return y
 
 
+def _while_loop_in_cond(x, labels):
+    def loop():
+        return tf.while_loop(lambda i, t: i < 3, lambda i, t: (i + 1, t * 2.0), [0, x])[1]
+
+    return tf.cond(tf.reduce_sum(x) > 0.0, loop, lambda: x)  # MARK:while_loop_in_cond
+
+
 def _dynamic_reshape(x, labels):
     rows = tf.reduce_max(labels) + 1
     flat = tf.reshape(x, tf.stack([rows, -1]))  # MARK:dynamic_reshape
@@ -48,6 +55,8 @@ CASES = {  # construct -> (op type in the message, error class, words of the hin
     "boolean_mask": (_boolean_mask, "Where", UnsupportedOpError, "depends on the data"),
     "unique": (_unique, "Unique", UnsupportedOpError, "depends on the data"),
     "while_loop": (_while_loop, "StatelessWhile", UnsupportedOpError, "Unroll the loop"),
+    # tf.cond branches are compiled (both run; only the taken one writes variables), not loops inside them
+    "while_loop_in_cond": (_while_loop_in_cond, "StatelessWhile", UnsupportedOpError, "Unroll the loop"),
     "dynamic_reshape": (_dynamic_reshape, "Reshape", DynamicShapeError, "at compile time"),
 }
 

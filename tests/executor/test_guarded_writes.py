@@ -1,0 +1,77 @@
+"""The executor on hand-built IR programs: guarded writes, and what a non-finite step with a GradScaler skips."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cerebras_tf.amp import GradScaler
+from cerebras_tf.compiler import ir
+from cerebras_tf.wse.executor import Executor
+
+
+def _tensor(tid: int, dtype: str = "float32", name: str = "", const: ir.Const | None = None) -> ir.Tensor:
+    return ir.Tensor(tid, [], dtype, name or f"t{tid}", const)
+
+
+def _guarded_program() -> ir.Program:
+    """v += x, guarded by x > 0; w += x, unguarded; loss = x."""
+    tensors = [_tensor(0, name="features"), _tensor(1, const=ir.Const(splat=0.0)), _tensor(2, "bool", "x>0")]
+    kernels = [
+        ir.Kernel(0, "greater", [0, 1], [2], {}),
+        ir.Kernel(1, "assign_add_variable", [0], [], {}, role="state_update", vars=["v"], guard=2),
+        ir.Kernel(2, "assign_add_variable", [0], [], {}, role="state_update", vars=["w"]),
+    ]
+    variables = [ir.Variable(name, [], "float32", False, "state") for name in ("v", "w")]
+    return ir.Program(mode="train", tensors=tensors, kernels=kernels, variables=variables,
+                      inputs={"features": 0}, outputs={"loss": 0})
+
+
+def test_a_guarded_write_runs_only_when_its_guard_is_true():
+    executor = Executor(_guarded_program(), {"v": np.float32(0), "w": np.float32(0)})
+    for x in (2.0, -1.0, 0.5, 0.0):
+        executor.step(np.float32(x))
+    assert executor.variables() == {"v": 2.5, "w": 1.5}
+
+
+def test_the_guard_survives_serialisation():
+    program = ir.Program.from_json(_guarded_program().to_json())
+    assert [k.guard for k in program.kernels] == [None, 2, None]
+    executor = Executor(program, {"v": np.float32(1), "w": np.float32(1)})
+    executor.step(np.float32(-3.0))
+    assert executor.variables() == {"v": 1.0, "w": -2.0}
+
+
+def test_a_kernel_reading_a_guard_made_by_a_later_phase_is_refused():
+    program = _guarded_program()
+    program.kernels[0].role = "optimizer"  # the guard is now made in phase 2, after the phase-1 write
+    with pytest.raises(ValueError, match="reads tensor 2 produced by an optimizer kernel"):
+        Executor(program, {"v": np.float32(0), "w": np.float32(0)})
+
+
+def _scaled_program() -> ir.Program:
+    """loss = v * x; the gradient g = seed * x; an optimizer-role |g| streamed out; v -= g."""
+    tensors = [_tensor(0, name="features"), _tensor(1, name="v"), _tensor(2, name="loss"), _tensor(3, name="seed"),
+               _tensor(4, name="grad"), _tensor(5, name="grad_norm")]
+    kernels = [
+        ir.Kernel(0, "read_variable", [], [1], {}, vars=["v"]),
+        ir.Kernel(1, "mul", [1, 0], [2], {}),
+        ir.Kernel(2, "gradient_seed", [], [3], {"value": 1.0}, role="gradient_seed"),
+        ir.Kernel(3, "mul", [3, 0], [4], {}, role="backward"),
+        ir.Kernel(4, "abs", [4], [5], {}, role="optimizer"),
+        ir.Kernel(5, "assign_sub_variable", [4], [], {}, role="optimizer", vars=["v"]),
+    ]
+    return ir.Program(mode="train", tensors=tensors, kernels=kernels,
+                      variables=[ir.Variable("v", [], "float32", True, "trainable")], inputs={"features": 0},
+                      outputs={"loss": 2, "host_call/0": 5}, gradient_seed=2, gradients=[4])
+
+
+def test_a_non_finite_step_skips_only_the_writes_and_every_output_exists():
+    scaler = GradScaler(loss_scale="dynamic", init_scale=8.0)
+    executor = Executor(_scaled_program(), {"v": np.float32(1)}, grad_scaler=scaler)
+    result = executor.step(np.float32(2.0))
+    assert result.finite and float(result.outputs["host_call/0"]) == 2.0  # unscaled
+    assert executor.variables()["v"] == -1.0
+    result = executor.step(np.float32(np.inf))
+    assert not result.finite and scaler.scale == 4.0
+    assert executor.variables()["v"] == -1.0  # the write was skipped...
+    assert np.isinf(result.outputs["host_call/0"])  # ...but the gradient norm kernel ran
