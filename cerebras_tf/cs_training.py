@@ -43,8 +43,8 @@ def train_on_system(estimator: EstimatorBase, model: CapturedModel, program: ir.
     since the last checkpoint is saved before the error is raised.
     """
     config = estimator.config
-    checkpoints = CheckpointWriter(program, estimator.model_dir, config.keep_checkpoint_max)
-    values = checkpoints.starting_values(model, getattr(estimator, "warm_start_settings", None))
+    checkpoints = CheckpointWriter(program, model, estimator.model_dir, config.keep_checkpoint_max)
+    values = checkpoints.starting_values(getattr(estimator, "warm_start_settings", None))
     half = half_dtype_of(config)
     executor = Executor(program, values, grad_scaler=checkpoints.starting_grad_scaler(half), half_dtype=half)
     first = executor.global_step
@@ -213,13 +213,19 @@ def warm_start_values(settings: Any, program: ir.Program) -> dict[str, np.ndarra
 class CheckpointWriter:
     """Writes every program variable, under its TF name, and the dynamic loss scale's state (amp/...,
     as amp.optimizer_step names it on CPU) as a standard TF checkpoint in model_dir. A model doing its
-    own loss scaling has its scale among its variables: then there is no amp/ state."""
+    own loss scaling has its scale among its variables: then there is no amp/ state. The graph's
+    global variables that the program never touches are saved too, unchanged (from the latest
+    checkpoint, else their initial values), as tf.estimator saves every global variable."""
 
-    def __init__(self, program: ir.Program, model_dir: str, keep_checkpoint_max: int | None) -> None:
+    def __init__(self, program: ir.Program, model: CapturedModel, model_dir: str,
+                 keep_checkpoint_max: int | None) -> None:
         self.program = program
+        self.model = model
         self.model_dir = model_dir
         self._graph = tf.Graph()
+        self._untouched = self._untouched_variables()
         specs = {v.name: (v.dtype, v.shape) for v in program.variables}
+        specs.update({name: (value.dtype, value.shape) for name, value in self._untouched.items()})
         if not program.model_loss_scaling:
             specs.update({_loss_scale_name(key): (dtype, ()) for key, dtype in STATE_VARIABLES.items()})
         with self._graph.as_default():
@@ -233,13 +239,21 @@ class CheckpointWriter:
         if state is not None:
             self._saver.recover_last_checkpoints(list(state.all_model_checkpoint_paths))
 
-    def starting_values(self, model: CapturedModel, warm_start: Any = None) -> dict[str, np.ndarray]:
+    def _untouched_variables(self) -> dict[str, np.ndarray]:
+        values = initial.variables_outside(self.model, self.program)
+        latest = tf.train.latest_checkpoint(self.model_dir)
+        if latest is not None and values:
+            reader = tf.train.load_checkpoint(latest)
+            values.update({name: reader.get_tensor(name) for name in values if reader.has_tensor(name)})
+        return values
+
+    def starting_values(self, warm_start: Any = None) -> dict[str, np.ndarray]:
         """Resume from the latest checkpoint in model_dir; else warm-start; the rest from the initializers."""
         latest = tf.train.latest_checkpoint(self.model_dir)
         if latest is not None:
             _log.info("Restoring the simulated WSE's weights from %s.", latest)
-            return checkpoint_values(model, self.program, latest)
-        values = initial.initial_values(model, self.program)
+            return checkpoint_values(self.model, self.program, latest)
+        values = initial.initial_values(self.model, self.program)
         if warm_start is not None:
             values.update(warm_start_values(warm_start, self.program))
         return values
@@ -261,7 +275,7 @@ class CheckpointWriter:
 
     def save(self, executor: Executor, step: int) -> str:
         """Write model.ckpt-<step>; the `checkpoint` index is updated last, so a crash leaves the previous one."""
-        values = executor.variables()
+        values = {**self._untouched, **executor.variables()}
         if not self.program.model_loss_scaling:
             state = executor.grad_scaler.state_dict() if executor.grad_scaler is not None else {}
             values.update({_loss_scale_name(key): state.get(key, 0) for key in STATE_VARIABLES})
