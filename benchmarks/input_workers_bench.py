@@ -11,7 +11,7 @@ with a cheap map (--cost 32, ~4,500 samples/s) the chief shares the 2 cores with
 the workers and becomes the limit. In one run, CerebrasEstimator.train(use_cs=True)
 trains the same model with:
   chief only   input in the chief's process (no TF_CONFIG workers, the default)
-  1 worker     TF_CONFIG with one `python -m cerebras_tf.input_worker` process
+  1 worker     TF_CONFIG with one `python -m cerebras_tf.input_workers` process
   2 workers    TF_CONFIG with two worker processes
 (--embedded: CSRunConfig(num_input_workers=N) in-process workers instead.)
 samples/s is what training reports in its `samples/sec` summaries (mean after
@@ -95,7 +95,7 @@ def _worker_processes(n: int) -> tuple[Cluster, list[subprocess.Popen]]:
     procs = []
     for i in range(n):
         env = dict(os.environ, TF_CONFIG=cluster.tf_config("worker", i), PYTHONPATH=ROOT)
-        procs.append(subprocess.Popen([sys.executable, "-m", "cerebras_tf.input_worker", "--chief-gone-secs", "1"],
+        procs.append(subprocess.Popen([sys.executable, "-m", "cerebras_tf.input_workers", "--chief-gone-secs", "1"],
                                       cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     return cluster, procs
 

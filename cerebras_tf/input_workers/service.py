@@ -117,7 +117,7 @@ def wait_for_workers(
         )
     commands = " ".join(
         f"[on {cluster.workers[i].rsplit(':', 1)[0]}] TF_CONFIG='{cluster.tf_config('worker', i)}' "
-        "python -m cerebras_tf.input_worker;"
+        "python -m cerebras_tf.input_workers;"
         for i in (silent or range(expected))
     )
     raise InputWorkerError(

@@ -1,4 +1,4 @@
-"""train(use_cs=True) fed by input workers: embedded, and as `python -m cerebras_tf.input_worker` processes."""
+"""train(use_cs=True) fed by input workers: embedded, and as `python -m cerebras_tf.input_workers` processes."""
 from __future__ import annotations
 
 import logging
