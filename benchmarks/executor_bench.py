@@ -110,7 +110,8 @@ def _measure(model_name: str, side: str, steps: int, level: str) -> dict:
             seconds = time.perf_counter() - start
     else:
         program = estimator.compile(input_fn).program
-        executor = Executor(program, initial.initial_values(model, program), grad_scaler=GradScaler(loss_scale="dynamic"))
+        executor = Executor(program, initial.initial_values(model, program),
+                            grad_scaler=GradScaler(loss_scale="dynamic"))
         for i in range(5):
             executor.step(*batches[i % 8])
         start = time.perf_counter()

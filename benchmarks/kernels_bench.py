@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for name, ours, theirs in _cases(rng):
         t_ours = _median_time(ours, args.repeats)
-        t_tf = _median_time(lambda: theirs().numpy(), args.repeats)  # .numpy(): wait for the result
+        t_tf = _median_time(lambda fn=theirs: fn().numpy(), args.repeats)  # .numpy(): wait for the result
         rows.append((name, t_ours * 1e3, t_tf * 1e3, t_tf / t_ours))
     width = max(len(r[0]) for r in rows)
     print(f"{'kernel':<{width}}  {'numpy ms':>9}  {'TF ms':>9}  {'TF/numpy':>8}")

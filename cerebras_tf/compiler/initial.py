@@ -24,5 +24,5 @@ def initial_values(model: CapturedModel, program: ir.Program) -> dict[str, np.nd
     variables = [by_name[v.name] for v in program.variables]
     with tf.compat.v1.Session(graph=graph) as session:
         session.run([v.initializer for v in variables])
-        values = session.run([v._graph_element for v in variables])  # pylint: disable=protected-access  # no new ops
+        values = session.run([v._graph_element for v in variables])  # no new ops
     return {v.name: np.asarray(value) for v, value in zip(program.variables, values)}

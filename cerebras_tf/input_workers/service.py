@@ -86,7 +86,7 @@ def start_worker(dispatcher_address: str, worker_address: str, *, dispatcher_tim
 
 def registered_workers(dispatcher: "tf.data.experimental.service.DispatchServer") -> int:
     """How many workers have registered with `dispatcher` (TF keeps lost workers in this count)."""
-    return int(dispatcher._num_workers())  # pylint: disable=protected-access
+    return int(dispatcher._num_workers())
 
 
 def wait_for_workers(
