@@ -1,6 +1,6 @@
 """Input-worker benchmark: an input-bound pipeline trained on the simulated WSE with 1 and 2 input workers.
 
-Usage: python benchmarks/input_workers_bench.py [--steps 240] [--cost 256] [--embedded] [--stream-only]
+Usage: ./dev bench input_workers_bench [--steps 240] [--cost 256] [--embedded] [--stream-only]
 
 The pipeline's map is expensive (a chain of small matmuls per sample) and runs
 sequentially with one intra-op thread, so one worker uses about one core: what
@@ -29,18 +29,17 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the worker processes import from here
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import cerebras_tf  # noqa: E402
+from benchmarks.summaries import read_scalars  # noqa: E402
 from cerebras_tf import CerebrasEstimator, CSRunConfig  # noqa: E402
 from cerebras_tf.input_workers import Cluster, InputStream  # noqa: E402
 from cerebras_tf.input_workers.service import free_port  # noqa: E402
-from cerebras_tf.tensorboard import read_scalars  # noqa: E402
 
 TARGET_RATIO = 1.6
 BATCH = 32

@@ -5,18 +5,16 @@ conv2d forward / backprop-input / backprop-filter on MNIST-sized convolutions
 and the max-pool pair, reporting the median of several runs and the ratio
 (TF time / ours: > 1 means numpy is faster).
 
-    .venv/bin/python -m benchmarks.kernels_bench [--repeats 20]
+    ./dev bench kernels_bench [--repeats 20]
 """
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from typing import Any, Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script too
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
