@@ -9,19 +9,17 @@ encoder (12 layers, hidden 768, seq 128), measures in one run:
     update) as tf.function(jit_compile=True) over tf.compat.v1.wrap_function;
     compile time = first call - a steady-state step (tracing timed apart).
 
-    .venv/bin/python -m benchmarks.compile_bench [--models mlp,cnn,transformer,bert_base] [--skip_xla]
+    ./dev bench compile_bench [--models mlp,cnn,transformer,bert_base] [--skip_xla]
 """
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from typing import Any, Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script too
 
 import tensorflow as tf  # noqa: E402
 

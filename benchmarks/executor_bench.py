@@ -14,14 +14,14 @@ Models: the MLP 784-500-300-10 (batch 256, Adam) and the zoo CNN (conv + batch n
 Momentum) at 32x32x3, filters 32/64/64, batch 64. Each side runs in its own subprocess so peak
 RSS is its own; both read the same pre-made batches' worth of work per step.
 
-    .venv/bin/python benchmarks/executor_bench.py [--steps 100] [--levels train,step] [--openblas-coretype auto]
+    ./dev bench executor_bench [--steps 100] [--levels train,step] [--openblas-coretype NAME]
 
 Our matmuls and convolutions run on numpy's bundled OpenBLAS, whose kernels an
 OPENBLAS_CORETYPE in the environment pins (e.g. "Haswell": AVX2 only, even on an AVX-512
-CPU); TensorFlow (oneDNN) does not read it. By default the environment is left as it is;
-`--openblas-coretype auto` removes it (with OPENBLAS_L2_SIZE, which goes with it) so OpenBLAS
-picks the kernels for this CPU,
-and `--openblas-coretype NAME` sets it, for both sides alike. The header prints the setting.
+CPU); TensorFlow (oneDNN) does not read it. `./dev bench` removes it (with OPENBLAS_L2_SIZE,
+which goes with it) so OpenBLAS picks the kernels for this CPU. Run directly (`python -m
+benchmarks.executor_bench`), the environment is left as it is unless `--openblas-coretype auto`
+removes them; `--openblas-coretype NAME` sets it, for both sides alike. The header prints the setting.
 """
 from __future__ import annotations
 
@@ -110,7 +110,8 @@ def _measure(model_name: str, side: str, steps: int, level: str) -> dict:
             seconds = time.perf_counter() - start
     else:
         program = estimator.compile(input_fn).program
-        executor = Executor(program, initial.initial_values(model, program), grad_scaler=GradScaler(loss_scale="dynamic"))
+        executor = Executor(program, initial.initial_values(model, program),
+                            grad_scaler=GradScaler(loss_scale="dynamic"))
         for i in range(5):
             executor.step(*batches[i % 8])
         start = time.perf_counter()
@@ -126,7 +127,7 @@ def _measure_train(model_fn, input_fn, params: dict, side: str, steps: int) -> d
     import tensorflow as tf
 
     from cerebras_tf import CerebrasEstimator, CSRunConfig, set_default_tf_config
-    from cerebras_tf.tensorboard import read_scalars
+    from benchmarks.summaries import read_scalars
 
     model_dir = tempfile.mkdtemp()
     total = LOG_EVERY * (max(steps // LOG_EVERY, 2) + 1)
@@ -158,7 +159,6 @@ def main() -> None:
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side:
-        sys.path.insert(0, ROOT)
         print(json.dumps(_measure(args.model, args.side, args.steps, args.level)))
         return
     env = _openblas_env(args.openblas_coretype)
@@ -170,9 +170,9 @@ def main() -> None:
         for level in args.levels.split(","):
             rows = {}
             for side in ("tf", "ours-float16", "ours-float32"):
-                out = subprocess.run([sys.executable, __file__, "--model", model_name, "--side", side, "--level", level,
-                                      "--steps", str(args.steps)], capture_output=True, text=True, check=True,
-                                     cwd=ROOT, env=env)
+                out = subprocess.run([sys.executable, "-m", "benchmarks.executor_bench", "--model", model_name,
+                                      "--side", side, "--level", level, "--steps", str(args.steps)],
+                                     capture_output=True, text=True, check=True, cwd=ROOT, env=env)
                 rows[side] = json.loads(out.stdout.strip().splitlines()[-1])
             for side, row in rows.items():
                 ratio = row["steps_per_sec"] / rows["tf"]["steps_per_sec"]

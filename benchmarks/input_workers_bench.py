@@ -1,6 +1,6 @@
 """Input-worker benchmark: an input-bound pipeline trained on the simulated WSE with 1 and 2 input workers.
 
-Usage: python benchmarks/input_workers_bench.py [--steps 240] [--cost 256] [--embedded] [--stream-only]
+Usage: ./dev bench input_workers_bench [--steps 240] [--cost 256] [--embedded] [--stream-only]
 
 The pipeline's map is expensive (a chain of small matmuls per sample) and runs
 sequentially with one intra-op thread, so one worker uses about one core: what
@@ -11,7 +11,7 @@ with a cheap map (--cost 32, ~4,500 samples/s) the chief shares the 2 cores with
 the workers and becomes the limit. In one run, CerebrasEstimator.train(use_cs=True)
 trains the same model with:
   chief only   input in the chief's process (no TF_CONFIG workers, the default)
-  1 worker     TF_CONFIG with one `python -m cerebras_tf.input_worker` process
+  1 worker     TF_CONFIG with one `python -m cerebras_tf.input_workers` process
   2 workers    TF_CONFIG with two worker processes
 (--embedded: CSRunConfig(num_input_workers=N) in-process workers instead.)
 samples/s is what training reports in its `samples/sec` summaries (mean after
@@ -29,18 +29,17 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the worker processes import from here
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import cerebras_tf  # noqa: E402
+from benchmarks.summaries import read_scalars  # noqa: E402
 from cerebras_tf import CerebrasEstimator, CSRunConfig  # noqa: E402
 from cerebras_tf.input_workers import Cluster, InputStream  # noqa: E402
 from cerebras_tf.input_workers.service import free_port  # noqa: E402
-from cerebras_tf.tensorboard import read_scalars  # noqa: E402
 
 TARGET_RATIO = 1.6
 BATCH = 32
@@ -95,7 +94,7 @@ def _worker_processes(n: int) -> tuple[Cluster, list[subprocess.Popen]]:
     procs = []
     for i in range(n):
         env = dict(os.environ, TF_CONFIG=cluster.tf_config("worker", i), PYTHONPATH=ROOT)
-        procs.append(subprocess.Popen([sys.executable, "-m", "cerebras_tf.input_worker", "--chief-gone-secs", "1"],
+        procs.append(subprocess.Popen([sys.executable, "-m", "cerebras_tf.input_workers", "--chief-gone-secs", "1"],
                                       cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     return cluster, procs
 

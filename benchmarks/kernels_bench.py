@@ -5,18 +5,16 @@ conv2d forward / backprop-input / backprop-filter on MNIST-sized convolutions
 and the max-pool pair, reporting the median of several runs and the ratio
 (TF time / ours: > 1 means numpy is faster).
 
-    .venv/bin/python -m benchmarks.kernels_bench [--repeats 20]
+    ./dev bench kernels_bench [--repeats 20]
 """
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from typing import Any, Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script too
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -95,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for name, ours, theirs in _cases(rng):
         t_ours = _median_time(ours, args.repeats)
-        t_tf = _median_time(lambda: theirs().numpy(), args.repeats)  # .numpy(): wait for the result
+        t_tf = _median_time(lambda fn=theirs: fn().numpy(), args.repeats)  # .numpy(): wait for the result
         rows.append((name, t_ours * 1e3, t_tf * 1e3, t_tf / t_ours))
     width = max(len(r[0]) for r in rows)
     print(f"{'kernel':<{width}}  {'numpy ms':>9}  {'TF ms':>9}  {'TF/numpy':>8}")

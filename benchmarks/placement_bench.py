@@ -1,9 +1,9 @@
 """Pipelined placement benchmark: reference models and the compiled zoo models on the WSE-2-like fabric.
 
-Usage: python benchmarks/placement_bench.py [--fabric WSE-2] [--png-dir DIR] [--tables] [--skip-zoo]
+Usage: ./dev bench placement_bench [--fabric WSE-2] [--png-dir DIR] [--tables] [--skip-zoo]
 
 Table 1: hand-costed MLP, CNN (ResNet-50-like), transformer (GPT-2-small-like) and
-BERT-base layer lists (cerebras_tf/wse/reference_models.py).
+BERT-base layer lists (benchmarks/reference_models.py).
 Table 2: the zoo's MLP, CNN, transformer and BERT-base-sized encoder compiled to the
 WSE IR by CerebrasEstimator.compile (examples/zoo), placed from the IR's layer costs;
 with the placement time beside the compile time (lowering, casts, placement, artifact).
@@ -20,11 +20,10 @@ import time
 from typing import Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.reference_models import REFERENCE_MODELS  # noqa: E402
 from cerebras_tf.wse.fabric import Fabric, fabric_by_name  # noqa: E402
 from cerebras_tf.wse.placement import PlacementReport, place  # noqa: E402
-from cerebras_tf.wse.reference_models import REFERENCE_MODELS  # noqa: E402
 
 TARGET_EFFICIENCY = 0.95
 HEADER = ("model", "layers", "PEs used", "est. samples/s", "bound samples/s", "efficiency", "limiting bound",

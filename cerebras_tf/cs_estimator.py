@@ -118,6 +118,7 @@ class CerebrasEstimator(EstimatorBase):
         self._announce_system("Evaluating")
         problems = rules.run.check_evaluate_call(hooks, steps)
         model = precheck(self, input_fn, ModeKeys.EVAL, problems)
+        assert steps is not None  # check_evaluate_call refused steps=None above
         path = checkpoint_to_evaluate(self.model_dir, checkpoint_path)
         program = self._program_system(model).program
         return evaluate_on_system(self, model, program, input_fn, steps, path)
@@ -192,9 +193,11 @@ class CerebrasEstimator(EstimatorBase):
         Refused (SystemProgrammedError, before anything is compiled or written)
         when this process already programmed the system with another program.
         """
-        check_system(self.cs_ip, program_hash(model), model.input.mode, self.model_dir)
+        cs_ip = self.cs_ip
+        assert cs_ip is not None  # only runs on the CS system get here (_on_cs)
+        check_system(cs_ip, program_hash(model), model.input.mode, self.model_dir)
         result = self._compile(model, validate_only=False)
-        program_system(self.cs_ip, result.graph_hash, model.input.mode, self.model_dir)
+        program_system(cs_ip, result.graph_hash, model.input.mode, self.model_dir)
         return result
 
     def _compile(self, model: CapturedModel, validate_only: bool) -> CompileResult:

@@ -86,9 +86,21 @@ def raise_problems(problems: Sequence[CerebrasError]) -> None:
 
 
 class FabricCapacityError(CerebrasError):
-    """The model does not fit on the wafer in pipelined execution mode."""
+    """The model does not fit on the wafer in pipelined execution mode.
+
+    When the placer measured it: `bytes_needed` (on-chip memory the model needs), `bytes_available`
+    (the fabric's SRAM) and `largest_layers` ((name, bytes) of the largest layers, largest first).
+    """
 
     tag = "[Fabric Capacity]"
+
+    def __init__(self, message: str, *, where: str | None = None, fix: str | None = None,
+                 bytes_needed: float | None = None, bytes_available: float | None = None,
+                 largest_layers: Sequence[tuple[str, float]] = ()) -> None:
+        self.bytes_needed = bytes_needed
+        self.bytes_available = bytes_available
+        self.largest_layers = list(largest_layers)
+        super().__init__(message, where=where, fix=fix)
 
 
 class CompileError(UnsupportedTensorFlowError):

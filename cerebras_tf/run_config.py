@@ -66,7 +66,7 @@ class CSRunConfig(RunConfig):
         in TF_CONFIG, or 1. Without TF_CONFIG workers, N > 1 starts N
         in-process tf.data service workers.
       input_worker_timeout_secs: how long the chief waits for the TF_CONFIG
-        workers (`python -m cerebras_tf.input_worker`) to register.
+        workers (`python -m cerebras_tf.input_workers`) to register.
       **kwargs: any tf.estimator.RunConfig argument. Arguments the CS system
         does not support are accepted here and refused only when a run
         targets the CS system, so the same config works on CPU/GPU.

@@ -1,7 +1,6 @@
-"""TensorBoard event files: write an image summary directly (graph and eager mode alike); read scalars back."""
+"""TensorBoard event files: write an image summary directly (graph and eager mode alike)."""
 from __future__ import annotations
 
-import glob
 import os
 import socket
 import struct
@@ -28,15 +27,3 @@ def write_image_summary(logdir: str, tag: str, png: bytes, step: int = 0) -> str
         for event in events:
             writer.write(event.SerializeToString())
     return path
-
-
-def read_scalars(logdir: str, tag: str) -> dict[int, float]:
-    """step -> value of the scalar summary `tag` in logdir's event files (TF2 tensor or TF1 simple_value)."""
-    found: dict[int, float] = {}
-    for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            for value in event.summary.value:
-                if value.tag == tag:
-                    found[event.step] = (float(tf.make_ndarray(value.tensor)) if value.HasField("tensor")
-                                         else float(value.simple_value))
-    return found

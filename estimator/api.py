@@ -59,6 +59,6 @@ def called_from_train_and_evaluate() -> bool:
     return False
 
 
-def run_config_value(config: RunConfig, name: str) -> Any:
+def run_config_value(config: Any, name: str) -> Any:
     """The value of a RunConfig argument, including ones RunConfig keeps private."""
     return getattr(config, "_" + name, None)

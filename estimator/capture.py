@@ -10,7 +10,7 @@ import dataclasses
 from typing import Any, Callable
 
 import tensorflow as tf
-from tensorflow.python.training import training_util  # pylint: disable=no-name-in-module
+from tensorflow.python.training import training_util
 from tensorflow_estimator.python.estimator import util as estimator_util
 
 from estimator.api import Estimator, EstimatorSpec, ModeKeys
@@ -52,22 +52,23 @@ def capture_input(estimator: Estimator, input_fn: Callable[..., Any], mode: str)
     """
     config = estimator.config
     graph = tf.Graph()
-    with graph.as_default(), graph.device(estimator._device_fn):  # pylint: disable=protected-access
+    with graph.as_default(), graph.device(estimator._device_fn):
         tf.compat.v1.random.set_random_seed(config.tf_random_seed)
-        global_step = estimator._create_and_assert_global_step(graph)  # pylint: disable=protected-access
+        global_step = estimator._create_and_assert_global_step(graph)
         if global_step is not None and mode == ModeKeys.TRAIN:
-            training_util._get_or_create_global_step_read(graph)  # pylint: disable=protected-access
-        result = estimator._call_input_fn(input_fn, mode)  # pylint: disable=protected-access
+            training_util._get_or_create_global_step_read(graph)
+        result = estimator._call_input_fn(input_fn, mode)
     return CapturedInput(graph=graph, mode=mode, result=result, global_step=global_step)
 
 
-def capture_model(estimator: Estimator, captured: CapturedInput, call_model_fn: Callable[..., EstimatorSpec]) -> CapturedModel:
+def capture_model(estimator: Estimator, captured: CapturedInput,
+                  call_model_fn: Callable[..., EstimatorSpec]) -> CapturedModel:
     """Turn the input into (features, labels) as the Estimator does and call the model_fn.
 
     `call_model_fn(features, labels, mode, config)` returns the spec; the caller
     chooses whether that is the raw user spec or the adapted one.
     """
-    with captured.graph.as_default(), captured.graph.device(estimator._device_fn):  # pylint: disable=protected-access
+    with captured.graph.as_default(), captured.graph.device(estimator._device_fn):
         features, labels, _ = estimator_util.parse_input_fn_result(captured.result)
         if captured.mode == ModeKeys.PREDICT:
             labels = None  # the Estimator never passes labels to a PREDICT model_fn

@@ -87,7 +87,7 @@ def _dataset_ops(variant: tf.Tensor) -> list[tf.Operation]:
 def inspect_dataset(dataset: tf.data.Dataset, session_config: Any = None) -> DatasetInfo:
     """Describe `dataset`, which must have been built in the current default graph."""
     graph = tf.compat.v1.get_default_graph()
-    variant = dataset._variant_tensor  # pylint: disable=protected-access
+    variant = dataset._variant_tensor
     ops = _dataset_ops(variant)
     shuffle_ops = [op for op in ops if op.type in _SHUFFLE_OPS]
     fetches = {

@@ -53,7 +53,7 @@ class DuckCSConfig:
     def __init__(self, **fields: Any) -> None:
         self._fields = fields
 
-    def ListFields(self) -> list[tuple[_Field, Any]]:  # pylint: disable=invalid-name  # protobuf's name
+    def ListFields(self) -> list[tuple[_Field, Any]]:  # protobuf's name
         return [(_Field(name), value) for name, value in self._fields.items()]
 
 
@@ -188,7 +188,9 @@ def _train_and_evaluate(model_dir: str, build_estimator, make_input_fn, global_h
 
 def test_use_cbfloat16_runs_the_config_in_cbfloat16_whatever_amp_selects(
         tmp_path, tf_config, build_estimator, make_input_fn):
-    run = lambda name, *args: _train_and_evaluate(str(tmp_path / name), build_estimator, make_input_fn, *args)
+    def run(name, *args):
+        return _train_and_evaluate(str(tmp_path / name), build_estimator, make_input_fn, *args)
+
     by_config, by_config_loss = run("config", "float16", CSConfig(use_cbfloat16=True))
     by_amp, by_amp_loss = run("amp", "cbfloat16")  # a config without use_cbfloat16 keeps amp's choice
     float16, float16_loss = run("float16", "float16")
@@ -222,7 +224,7 @@ def test_get_weights_reads_a_checkpoint_like_tf(tmp_path, build_estimator, make_
         assert int(weights["global_step"]) == 2
         assert "no/such/variable" not in weights
         with pytest.raises(KeyError, match="no/such/variable"):
-            weights["no/such/variable"]  # pylint: disable=pointless-statement
+            weights["no/such/variable"]
 
 
 def test_get_weights_refuses_a_path_without_a_checkpoint(tmp_path):

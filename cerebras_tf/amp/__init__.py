@@ -47,7 +47,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "optimizer_step":
-        from cerebras_tf.loss_scaling import optimizer_step  # pylint: disable=import-outside-toplevel  # imports TF
+        from cerebras_tf.loss_scaling import optimizer_step  # imports TF
 
         globals()[name] = optimizer_step
         return optimizer_step

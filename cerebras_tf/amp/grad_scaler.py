@@ -17,7 +17,8 @@ Semantics (the Cerebras ``cstorch.amp.GradScaler`` ones unless said otherwise):
   scale that never changes; ``"dynamic"`` enables dynamic loss scaling.
 * Defaults (Cerebras): ``init_scale = max_loss_scale = 2**15`` (``2**31`` when the
   half dtype is cbfloat16: the selected one at construction, or the
-  ``half_dtype`` argument), ``steps_per_increase = 2000``, ``min_loss_scale = 2**-14`` (smaller is refused), ``overflow_tolerance = 0``.
+  ``half_dtype`` argument), ``steps_per_increase = 2000``, ``min_loss_scale = 2**-14``
+  (smaller is refused), ``overflow_tolerance = 0``.
   2**15 and 2000 are also the PyTorch/fairseq conventions (TF's
   LossScaleOptimizer uses the same 2000 growth steps).
 * Dynamic update, once per step: counters ``steps_since_rescale`` and

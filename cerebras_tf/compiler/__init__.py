@@ -25,7 +25,7 @@ __all__ = ["CompileResult", "Program", "compile_model", "ir"]
 
 def __getattr__(name: str) -> Any:
     if name in ("CompileResult", "compile_model"):
-        from cerebras_tf.compiler import driver  # pylint: disable=import-outside-toplevel  # imports TF
+        from cerebras_tf.compiler import driver  # imports TF
 
         return getattr(driver, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

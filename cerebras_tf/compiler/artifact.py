@@ -82,7 +82,7 @@ def load_artifact(directory: str, graph_hash: str, system: dict[str, Any]) -> tu
             return None, _corrupt(directory, f"{name} does not match its checksum (truncated or modified)")
     try:
         return ir.Program.load(directory), "reused"
-    except Exception as exc:  # pylint: disable=broad-except  # any unreadable content means rebuild
+    except Exception as exc:  # any unreadable content means rebuild
         return None, _corrupt(directory, f"cannot be loaded ({exc})")
 
 

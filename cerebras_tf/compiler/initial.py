@@ -46,5 +46,5 @@ def _run_initializers(graph: tf.Graph, variables: list[tf.Variable]) -> dict[str
         return {}
     with tf.compat.v1.Session(graph=graph) as session:
         session.run([v.initializer for v in variables])
-        values = session.run([v._graph_element for v in variables])  # pylint: disable=protected-access  # no new ops
+        values = session.run([v._graph_element for v in variables])  # no new ops
     return {v.op.name: np.asarray(value) for v, value in zip(variables, values)}

@@ -4,7 +4,7 @@
 - service: the chief's tf.data service dispatcher, embedded workers, registration wait, shutdown.
 - stream: InputStream, numpy (features, labels) batches with per-worker counts and fault handling.
 
-Worker machines run `python -m cerebras_tf.input_worker` (see cerebras_tf/input_worker.py).
+Worker machines run `python -m cerebras_tf.input_workers` (see __main__.py).
 `stream` and `service` are imported on first use so that parsing TF_CONFIG needs no TensorFlow.
 """
 from __future__ import annotations

@@ -86,7 +86,7 @@ def start_worker(dispatcher_address: str, worker_address: str, *, dispatcher_tim
 
 def registered_workers(dispatcher: "tf.data.experimental.service.DispatchServer") -> int:
     """How many workers have registered with `dispatcher` (TF keeps lost workers in this count)."""
-    return int(dispatcher._num_workers())  # pylint: disable=protected-access
+    return int(dispatcher._num_workers())
 
 
 def wait_for_workers(
@@ -117,7 +117,7 @@ def wait_for_workers(
         )
     commands = " ".join(
         f"[on {cluster.workers[i].rsplit(':', 1)[0]}] TF_CONFIG='{cluster.tf_config('worker', i)}' "
-        "python -m cerebras_tf.input_worker;"
+        "python -m cerebras_tf.input_workers;"
         for i in (silent or range(expected))
     )
     raise InputWorkerError(

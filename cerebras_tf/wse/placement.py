@@ -55,7 +55,7 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -265,7 +265,7 @@ class PlacementReport:
         lines += [fmt(row) for row in rows]
         return "\n".join(lines)
 
-    def to_png(self, path: str | None = None, **kwargs) -> bytes:
+    def to_png(self, path: str | None = None, **kwargs: Any) -> bytes:
         """Picture of the placement (see `placement_picture.render_placement_png`)."""
         from cerebras_tf.wse import placement_picture
 
@@ -360,8 +360,8 @@ def place(layers: Sequence[LayerCost] | Iterable[LayerCost], fabric: Fabric, *, 
             memory_rate = np.where(flops > 0, mem_min * pe_rate / np.where(flops > 0, flops, 1), np.inf)
         pinned = [int(i) for i in np.argsort(-mem_min, kind="stable") if memory_rate[i] > memory_bound]
         if pinned:
-            names = ", ".join(repr(layers[i].name) for i in pinned[:3]) + (", ..." if len(pinned) > 3 else "")
-            notes.append(f"memory, not compute, sizes {len(pinned)} layer(s) ({names}): "
+            shown = ", ".join(repr(layers[i].name) for i in pinned[:3]) + (", ..." if len(pinned) > 3 else "")
+            notes.append(f"memory, not compute, sizes {len(pinned)} layer(s) ({shown}): "
                          "they run faster than the pipeline and leave fewer PEs for the rest")
     if link_bound < memory_bound:
         heaviest = int(np.argmax(sent))
@@ -438,7 +438,7 @@ def _region_rate(regions: list[Region]) -> float:
     return min(region.samples_per_sec_alone for region in regions)
 
 
-def _ceil_div(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+def _ceil_div(num: np.ndarray, den: np.ndarray | int) -> np.ndarray:
     return -(-num // den)
 
 
@@ -651,7 +651,7 @@ def _capacity_error(layers: list[LayerCost], mem_bytes: np.ndarray, mem_min: np.
     activations = needed - weights - state
     order = np.argsort(-mem_bytes)[:5]
     largest = ", ".join(f"{layers[i].name} {_fmt_bytes(mem_bytes[i])}" for i in order)
-    error = FabricCapacityError(
+    return FabricCapacityError(
         f"The model needs {_fmt_bytes(needed)} of on-chip memory ({int(mem_min.sum()):,} PEs: weights "
         f"{_fmt_bytes(weights)}, optimizer state {_fmt_bytes(state)}, in-flight activations "
         f"{_fmt_bytes(activations)}) but {fabric.name} has {_fmt_bytes(fabric.total_sram_bytes)} of SRAM "
@@ -659,11 +659,10 @@ def _capacity_error(layers: list[LayerCost], mem_bytes: np.ndarray, mem_min: np.
         fix="Pipelined execution keeps every layer on the wafer at once and is for models under about "
             "1 billion parameters: shrink the model, the sequence length or image size (in-flight "
             "activations), or choose a larger fabric. Weight streaming execution, for larger models, "
-            "is out of scope for cerebras-tf.")
-    error.bytes_needed = needed
-    error.bytes_available = fabric.total_sram_bytes
-    error.largest_layers = [(layers[i].name, float(mem_bytes[i])) for i in order]
-    return error
+            "is out of scope for cerebras-tf.",
+        bytes_needed=needed,
+        bytes_available=fabric.total_sram_bytes,
+        largest_layers=[(layers[i].name, float(mem_bytes[i])) for i in order])
 
 
 def _finite_or_none(value: float) -> float | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import io
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from cerebras_tf.wse.placement import PlacementReport
@@ -113,7 +113,7 @@ def render_placement_png(report: "PlacementReport", *, dpi: int = 110, show_path
     return buffer.getvalue()
 
 
-def write_placement_png(report: "PlacementReport", path: str | os.PathLike, **kwargs) -> bytes:
+def write_placement_png(report: "PlacementReport", path: str | os.PathLike, **kwargs: Any) -> bytes:
     """Render the placement and write it to `path` (parent directories are created); returns the bytes."""
     data = render_placement_png(report, **kwargs)
     parent = os.path.dirname(os.fspath(path))

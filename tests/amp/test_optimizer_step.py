@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from benchmarks.summaries import read_scalars
 import cerebras_tf
 from cerebras_tf import CerebrasEstimator, CSRunConfig, amp, cs_training, set_default_tf_config
 from cerebras_tf.amp import GradScaler
 from cerebras_tf.compiler import initial, ir
 from cerebras_tf.compiler.driver import program_hash
 from cerebras_tf.precheck import precheck
-from cerebras_tf.tensorboard import read_scalars
 from cerebras_tf.wse.executor import Executor
 from estimator import ModeKeys
 

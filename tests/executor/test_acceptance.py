@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from benchmarks.summaries import read_scalars as scalars
 import cerebras_tf
 from cerebras_tf import CerebrasEstimator, CSRunConfig, amp, set_default_tf_config
-from cerebras_tf.tensorboard import read_scalars as scalars
 
 CS_IP = "localhost:9000"
 

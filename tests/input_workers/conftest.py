@@ -30,12 +30,12 @@ def env_for() -> Callable[[str], dict[str, str]]:
 
 @pytest.fixture
 def spawn_worker() -> Iterator[Callable[..., subprocess.Popen]]:
-    """spawn_worker(tf_config, *args) -> a `python -m cerebras_tf.input_worker` process, killed at teardown."""
+    """spawn_worker(tf_config, *args) -> a `python -m cerebras_tf.input_workers` process, killed at teardown."""
     procs: list[subprocess.Popen] = []
 
     def spawn(tf_config: str, *args: str) -> subprocess.Popen:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cerebras_tf.input_worker", *args],
+            [sys.executable, "-m", "cerebras_tf.input_workers", *args],
             cwd=ROOT, env=worker_env(tf_config), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         procs.append(proc)

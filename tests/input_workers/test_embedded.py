@@ -196,7 +196,7 @@ def test_registration_timeout_names_the_missing_task():
     assert "1 of 2 registered" in message
     assert f"worker:1 ({addresses[1]}): nothing listening" in message
     assert "worker:0" not in message.split("What to do")[0]
-    assert "python -m cerebras_tf.input_worker" in message and '"index": 1' in message
+    assert "python -m cerebras_tf.input_workers;" in message and '"index": 1' in message
 
 
 def test_a_cs_run_config_with_two_input_workers_streams_from_two_embedded_workers():

@@ -1,4 +1,4 @@
-"""Input workers as separate processes: `python -m cerebras_tf.input_worker` x2 + the chief's dispatcher."""
+"""Input workers as separate processes: `python -m cerebras_tf.input_workers` x2 + the chief's dispatcher."""
 from __future__ import annotations
 
 import json
@@ -93,8 +93,10 @@ def test_two_worker_processes_stream_and_survive_a_kill_9(spawn_worker):
 
 def test_input_worker_command_refuses_bad_tf_config(env_for):
     no_worker_task = json.dumps({"cluster": {"chief": ["127.0.0.1:5000"]}})
-    for raw, field in (("{oops", "'TF_CONFIG'"), (no_worker_task, "'task.type'")):
-        result = subprocess.run([sys.executable, "-m", "cerebras_tf.input_worker"], cwd=ROOT, env=env_for(raw),
+    # The second through the old module name, kept as an alias.
+    for module, raw, field in (("cerebras_tf.input_workers", "{oops", "'TF_CONFIG'"),
+                               ("cerebras_tf.input_worker", no_worker_task, "'task.type'")):
+        result = subprocess.run([sys.executable, "-m", module], cwd=ROOT, env=env_for(raw),
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and field in result.stderr, result.stderr
 

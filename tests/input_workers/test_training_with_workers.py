@@ -1,8 +1,7 @@
-"""train(use_cs=True) fed by input workers: embedded, and as `python -m cerebras_tf.input_worker` processes."""
+"""train(use_cs=True) fed by input workers: embedded, and as `python -m cerebras_tf.input_workers` processes."""
 from __future__ import annotations
 
 import logging
-import os
 import re
 import time
 
@@ -10,9 +9,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from benchmarks.summaries import read_scalars as scalars
 from cerebras_tf import CerebrasEstimator, CSRunConfig, cs_training, set_default_tf_config
 from cerebras_tf.errors import InputWorkerError
-from cerebras_tf.tensorboard import read_scalars as scalars
 from cerebras_tf.input_workers import Cluster
 from cerebras_tf.input_workers.service import free_port, is_listening
 from cerebras_tf.wse.executor import Executor

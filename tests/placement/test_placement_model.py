@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
+from benchmarks.reference_models import REFERENCE_MODELS, bert_base, mlp
 from cerebras_tf.errors import CerebrasError, FabricCapacityError
 from cerebras_tf.wse.fabric import WSE1, WSE2, small_fabric
 from cerebras_tf.wse.placement import LayerCost, in_flight_samples, place
-from cerebras_tf.wse.reference_models import REFERENCE_MODELS, bert_base, mlp
 
 
 def _layer(name: str, gflops: float, weight_bytes: float = 0.0, activation_bytes: float = 0.0) -> LayerCost:

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import struct
 
+from benchmarks.reference_models import bert_base
 from cerebras_tf.wse.fabric import WSE2, small_fabric
 from cerebras_tf.wse.placement import LayerCost, place
 from cerebras_tf.wse.placement_picture import render_placement_png
-from cerebras_tf.wse.reference_models import bert_base
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -90,7 +90,7 @@ def test_scatter_add_and_gather_variable(rng):
 def _compare(kind, tf_op, n_vars, make_inputs, tf_kwargs, attrs, rng, steps=4, slots_init=None, shape=(5, 7),
              **tol):
     init = [rng.normal(size=shape).astype(F)]
-    for i in range(1, n_vars):
+    for _ in range(1, n_vars):
         init.append(np.abs(rng.normal(size=shape)).astype(F) * F(0.1) if slots_init is None else slots_init(shape))
     ours = [a.copy() for a in init]
     tvars = [tf.Variable(a) for a in init]

@@ -16,7 +16,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from cerebras_tf.wse.kernels import (  # noqa: F401  (registers the kinds)
+# Importing a module registers its kinds. `variables` is bound under another name: run_kernel's
+# parameter of that name would shadow it.
+from cerebras_tf.wse.kernels import (  # noqa: F401
     data,
     elementwise,
     elementwise_grad,
@@ -26,8 +28,8 @@ from cerebras_tf.wse.kernels import (  # noqa: F401  (registers the kinds)
     random,
     reduce,
     softmax,
-    variables,
 )
+from cerebras_tf.wse.kernels import variables as _variables_kinds  # noqa: F401
 from cerebras_tf.wse.kernels._registry import KERNELS, KernelContext, KernelFn, np_dtype
 
 __all__ = ["KERNELS", "KernelContext", "KernelFn", "np_dtype", "run_kernel"]

@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from cerebras_tf.amp.dtypes import round_to_half
-from cerebras_tf.wse.kernels._registry import KernelContext, np_dtype, register
+from cerebras_tf.wse.kernels._registry import KernelContext, KernelFn, np_dtype, register
 
 try:  # scipy ships with the test extras; fall back to math.erf (exact, slower) without it
     from scipy.special import erf as _erf
@@ -76,7 +76,7 @@ _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
-def _make_unary(fn: Callable[[np.ndarray], np.ndarray]):
+def _make_unary(fn: Callable[[np.ndarray], np.ndarray]) -> KernelFn:
     def kernel(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
         x = np.asarray(inputs[0])
         with np.errstate(all="ignore"):
@@ -84,8 +84,8 @@ def _make_unary(fn: Callable[[np.ndarray], np.ndarray]):
     return kernel
 
 
-for _kind, _fn in _UNARY.items():
-    register(_kind)(_make_unary(_fn))
+for _kind, _unary_fn in _UNARY.items():
+    register(_kind)(_make_unary(_unary_fn))
 
 
 @register("leaky_relu")
@@ -158,7 +158,7 @@ _BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 }
 
 
-def _make_binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]):
+def _make_binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> KernelFn:
     def kernel(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
         x, y = np.asarray(inputs[0]), np.asarray(inputs[1])
         dtype = x.dtype
@@ -170,8 +170,8 @@ def _make_binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]):
     return kernel
 
 
-for _kind, _fn in _BINARY.items():
-    register(_kind)(_make_binary(_fn))
+for _kind, _binary_fn in _BINARY.items():
+    register(_kind)(_make_binary(_binary_fn))
 
 
 @register("bias_add")

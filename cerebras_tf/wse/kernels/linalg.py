@@ -5,7 +5,8 @@ arrive already rounded to the half dtype when the compiler inserted precision
 casts; float16 arrays are upcast and the result cast back to the input dtype.
 Convolutions are NHWC (NCHW is transposed to NHWC and back) and use im2col:
 one strided copy of the patches, then one matmul; the input gradient runs one
-2-D matmul per filter tap, added into place (never a loop over pixels). Padding: SAME, VALID or EXPLICIT (explicit_paddings in data_format order).
+2-D matmul per filter tap, added into place (never a loop over pixels). Padding: SAME, VALID or EXPLICIT
+(explicit_paddings in data_format order).
 """
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ def _hw(values: Sequence[int] | None, fmt: str, default: int = 1) -> tuple[int, 
 
 
 def _pads(attrs: Mapping[str, Any], in_hw: tuple[int, int], k_hw: tuple[int, int],
-          strides: tuple[int, int], dil: tuple[int, int], fmt: str) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+          strides: tuple[int, int], dil: tuple[int, int],
+          fmt: str) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
     """((pad_top, pad_bottom), (pad_left, pad_right), (out_h, out_w)) as TF computes them."""
     padding = attrs.get("padding", "VALID")
     padding = padding.decode() if isinstance(padding, bytes) else str(padding)
@@ -99,15 +101,16 @@ def _pads(attrs: Mapping[str, Any], in_hw: tuple[int, int], k_hw: tuple[int, int
 class _Geom:
     """Shapes of one NHWC 2-D convolution."""
 
-    def __init__(self, attrs: Mapping[str, Any], x_shape: Sequence[int], k_hw: tuple[int, int]):
+    def __init__(self, attrs: Mapping[str, Any], x_shape: Sequence[int], k_hw: Sequence[int]):
         fmt = str(attrs.get("data_format", "NHWC"))
         self.nchw = fmt.startswith("NC")
-        self.n, self.h, self.w, self.c = (x_shape[0], x_shape[2], x_shape[3], x_shape[1]) if self.nchw else tuple(x_shape)
+        nhwc = (x_shape[0], x_shape[2], x_shape[3], x_shape[1]) if self.nchw else tuple(x_shape)
+        self.n, self.h, self.w, self.c = nhwc
         self.kh, self.kw = k_hw
         self.sh, self.sw = _hw(attrs.get("strides"), fmt)
         self.dh, self.dw = _hw(attrs.get("dilations"), fmt)
         (self.pt, self.pb), (self.pl, self.pr), (self.oh, self.ow) = _pads(
-            attrs, (self.h, self.w), k_hw, (self.sh, self.sw), (self.dh, self.dw), fmt)
+            attrs, (self.h, self.w), (self.kh, self.kw), (self.sh, self.sw), (self.dh, self.dw), fmt)
 
     def taps(self):
         """(i, j, row slice, col slice) into the padded input, one per filter tap."""
@@ -162,7 +165,9 @@ def im2col(x: np.ndarray, g: _Geom, reuse: bool = False) -> np.ndarray:
     view. With `reuse`, the patches (and the padded input) live in this thread's scratch memory, valid
     until the next reusing call: for patches that never leave the kernel."""
     xp = g.pad(x, scratch("conv_padded", g.padded_shape(), x.dtype) if reuse else None)
-    view = sliding_window_view(xp, ((g.kh - 1) * g.dh + 1, (g.kw - 1) * g.dw + 1), axis=(1, 2))
+    window = ((g.kh - 1) * g.dh + 1, (g.kw - 1) * g.dw + 1)
+    # numpy 1.26's stubs type `axis` as one index; a tuple of axes is documented and works.
+    view = sliding_window_view(xp, window, axis=(1, 2))  # type: ignore[call-overload]
     view = view[:, : (g.oh - 1) * g.sh + 1: g.sh, : (g.ow - 1) * g.sw + 1: g.sw, :, ::g.dh, ::g.dw]
     view = view.transpose(0, 1, 2, 4, 5, 3)
     if not reuse:

@@ -89,7 +89,7 @@ def fused_batch_norm_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ct
     dyw, k = _wide(dy2)
     xw, _ = _wide(x2)
     inv = 1 / np.sqrt(np.asarray(var, np.float32) + eps)
-    xc = xw - np.tile(np.asarray(mean, np.float32), k)
+    xc: np.ndarray = xw - np.tile(np.asarray(mean, np.float32), k)
     doffset = _channel_sum(dyw, k)
     dyxc = _channel_dot(dyw, xc, k)
     dscale = dyxc * inv

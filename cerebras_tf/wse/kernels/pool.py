@@ -8,7 +8,7 @@ routes no gradient, where TF's scan would). avg_pool divides by the number of no
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from cerebras_tf.wse.kernels._select import keep_where
 from cerebras_tf.wse.kernels.linalg import _Geom
 
 
-def _geom(attrs: Mapping[str, Any], shape) -> _Geom:
+def _geom(attrs: Mapping[str, Any], shape: Sequence[int]) -> _Geom:
     fmt = str(attrs.get("data_format", "NHWC"))
     ks = list(attrs["ksize"])
     k = (ks[2], ks[3]) if fmt.startswith("NC") else (ks[1], ks[2])
@@ -42,10 +42,11 @@ def _max(xn: np.ndarray, g: _Geom) -> tuple[np.ndarray, np.ndarray]:
     """(padded input, window max) of an NHWC input; padding is the dtype's lowest value."""
     low = -np.inf if xn.dtype.kind == "f" else np.iinfo(xn.dtype).min
     xp = _padded(xn, g, low)
-    out = None
+    out: np.ndarray | None = None
     for _, _, rs, cs in g.taps():
         v = xp[:, rs, cs, :]
         out = v.copy() if out is None else np.maximum(out, v, out=out)
+    assert out is not None  # a window has at least one tap
     return xp, out
 
 

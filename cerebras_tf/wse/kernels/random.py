@@ -31,7 +31,9 @@ def generator(attrs: Mapping[str, Any], ctx: KernelContext) -> np.random.Generat
 
 
 def _shape(attrs: Mapping[str, Any]) -> list[int]:
-    return [int(v) for v in np.atleast_1d(np.asarray(attrs["shape"], np.int64)).tolist()] if np.size(attrs["shape"]) else []
+    if not np.size(attrs["shape"]):
+        return []
+    return [int(v) for v in np.atleast_1d(np.asarray(attrs["shape"], np.int64)).tolist()]
 
 
 def _finish(x: np.ndarray, attrs: Mapping[str, Any]) -> np.ndarray:

@@ -4,11 +4,11 @@ Integer mean truncates toward zero like TF; empty axis lists reduce nothing.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from cerebras_tf.wse.kernels._registry import KernelContext, np_dtype, register
+from cerebras_tf.wse.kernels._registry import KernelContext, KernelFn, np_dtype, register
 
 
 def _axes(axis: Any, ndim: int) -> tuple[int, ...]:
@@ -48,7 +48,7 @@ register("all")(_make(lambda x, a: np.all(x, axis=a)))
 register("any")(_make(lambda x, a: np.any(x, axis=a)))
 
 
-def _arg(fn, nan_as: float):
+def _arg(fn: Callable[..., np.ndarray], nan_as: float) -> KernelFn:
     def kernel(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
         x = inputs[0]
         if x.dtype.kind == "f" and np.isnan(x).any():  # TF's comparisons never pick a NaN

@@ -132,8 +132,9 @@ def apply_adam(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelCo
     if not all(a.flags.c_contiguous for a in (var, m, v)):
         _adam_update(var, m, v, grad, alpha, b1, b2, eps, nesterov)
         return []
-    flat = [a.reshape(-1) for a in (var, m, v, grad)]  # views: the update lands in the variables
-    split_range(var.size, lambda lo, hi: _adam_update(*(a[lo:hi] for a in flat), alpha, b1, b2, eps, nesterov))
+    fv, fm, fvv, fg = (a.reshape(-1) for a in (var, m, v, grad))  # views: the update lands in the variables
+    split_range(var.size, lambda lo, hi: _adam_update(fv[lo:hi], fm[lo:hi], fvv[lo:hi], fg[lo:hi], alpha, b1, b2, eps,
+                                                      nesterov))
     return []
 
 

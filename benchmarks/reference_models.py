@@ -1,7 +1,7 @@
 """Hand-computed `LayerCost` lists of reference models (MLP, CNN, transformer, BERT-base).
 
-Used by the placement benchmark and tests until the compiler's IR adapter produces
-these lists from real graphs.  Conventions, per training sample:
+Used by the placement benchmark and tests; not shipped with cerebras_tf (compiled models get
+their layer costs from the compiler).  Conventions, per training sample:
 
 * matmul ``[t, k] x [k, n]``: forward ``2 t k n`` FLOPs, backward ``4 t k n`` (input and
   weight gradients); convolutions the same with ``t = Ho * Wo`` and ``k = Cin * kh * kw``.
