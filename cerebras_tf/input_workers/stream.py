@@ -365,7 +365,7 @@ class InputStream:
                     raise InputWorkerError(
                         f"All {len(self._worker_names)} input workers are lost ({', '.join(self._worker_names)}); "
                         "no input can reach the CS system.",
-                        fix="Check the worker machines' logs, restart `python -m cerebras_tf.input_worker` on "
+                        fix="Check the worker machines' logs, restart `python -m cerebras_tf.input_workers` on "
                         "them with the same TF_CONFIG, and resume training from the last checkpoint.",
                     ) from None
         if isinstance(item, _End):
