@@ -43,7 +43,7 @@ _MAY_ALIAS = frozenset({"reshape", "squeeze", "expand_dims", "unstack", "split",
 class StepResult:
     """What a step streams back to the host."""
 
-    outputs: dict[str, np.ndarray]  # program.outputs keys: "loss", "host_call/<i>", "predictions/<key>"
+    outputs: dict[str, np.ndarray]  # program.outputs keys: "loss", "host_call/<path>", "summary/<tag>", ...
     finite: bool = True  # gradients were finite (the update was applied)
     loss_scale: float | None = None  # the scale used for this step (None without a GradScaler)
 
@@ -128,7 +128,8 @@ class Executor:
             if self.grad_scaler is not None:
                 self.grad_scaler.update(finite)
         self._run(self._plans[2], values, step, scale)
-        outputs = {key: values[tid] for key, tid in self.program.outputs.items()}
+        # an output computed by a skipped optimizer kernel (overflow step) is left out
+        outputs = {key: values[tid] for key, tid in self.program.outputs.items() if tid in values}
         return StepResult(outputs=outputs, finite=finite, loss_scale=scale)
 
     # ---- internals ----------------------------------------------------------------
