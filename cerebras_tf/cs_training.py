@@ -102,9 +102,9 @@ class TrainingSummaries:
     predicts for the real wafer), and the input stream's throughput, wait time
     and per-worker share (input/...). Every save_summary_steps, on the steps
     tf.estimator's summary saver picks (the run's first step, then every N
-    steps): the model_fn's scalar and histogram summaries (ModelSummaries) and
-    "loss" unless model_fn has a summary of that tag. One event file of TF1
-    summaries (simple_value scalars), as the Estimator writes.
+    steps): the model_fn's scalar and histogram summaries (ModelSummaries).
+    One event file of TF1 summaries (simple_value scalars), as the Estimator
+    writes.
     """
 
     def __init__(self, model_dir: str, stream: InputStream, estimated_samples_per_sec: float | None,
@@ -119,7 +119,6 @@ class TrainingSummaries:
         self._model = ModelSummaries(program) if program is not None and save_summary_steps else None
         self._summary_every = save_summary_steps or 0
         self._last_summary: int | None = None
-        self._logged_step: int | None = None
         if len(stream.workers) > 1:
             _log.info("Streaming input from %d input workers: %s.", len(stream.workers), ", ".join(stream.workers))
 
@@ -155,20 +154,16 @@ class TrainingSummaries:
             values["wse/estimated_samples_per_sec"] = self._estimate
         values.update(input_stats.summary_values())
         self._writer.add_summary(scalar_summary(values), step)
-        self._logged_step = step
 
     def write_model_summaries(self, step: int, outputs: dict[str, np.ndarray]) -> None:
-        """At tf.estimator's summary steps: the model_fn's summaries of this step (and "loss", as the Estimator
-        adds it, unless this step's log already wrote it)."""
+        """At tf.estimator's summary steps (the run's first step, then every save_summary_steps): the model_fn's
+        summaries of this step. ("loss" stays on the log steps, where write() puts it.)"""
         if self._model is None:
             return
         if self._last_summary is not None and step < self._last_summary + self._summary_every:
             return  # the first call is the run's first step
         self._last_summary = step
-        summary = self._model.summary(outputs)
-        if "loss" not in self._model.tags and step != self._logged_step and "loss" in outputs:
-            summary.value.extend(scalar_summary({"loss": outputs["loss"]}).value)
-        self._writer.add_summary(summary, step)
+        self._writer.add_summary(self._model.summary(outputs), step)
 
     def close(self) -> None:
         self._writer.flush()
