@@ -24,6 +24,7 @@ from cerebras_tf.compiler import initial, ir
 from cerebras_tf.errors import InputWorkerError, RunArgumentError, UnsupportedTensorFlowError
 from cerebras_tf.input_workers import InputStream, batch_size
 from cerebras_tf.loss_scaling import STATE_SCOPE as LOSS_SCALE_SCOPE, STATE_VARIABLES
+from cerebras_tf.tensorboard import EventWriter, scalar_summary
 from cerebras_tf.wse.executor import Executor
 from estimator import CapturedModel, EstimatorBase
 
@@ -59,7 +60,8 @@ def train_on_system(estimator: EstimatorBase, model: CapturedModel, program: ir.
     started, saved = time.perf_counter(), first
     result = summaries = None
     try:
-        summaries = TrainingSummaries(estimator.model_dir, stream, estimated_samples_per_sec)
+        summaries = TrainingSummaries(estimator.model_dir, stream, estimated_samples_per_sec, program,
+                                      config.save_summary_steps)
         while executor.global_step < last:
             try:
                 features, labels = next(stream)
@@ -71,6 +73,7 @@ def train_on_system(estimator: EstimatorBase, model: CapturedModel, program: ir.
             summaries.step_done(batch_size((features, labels)))
             if step % every == 0 or step == last:
                 summaries.write(step, result.loss, result.loss_scale)
+            summaries.write_model_summaries(step, result.outputs)
             if save_every and step % save_every == 0 and step != last:
                 checkpoints.save(executor, step)
                 saved = step
@@ -93,22 +96,30 @@ def train_on_system(estimator: EstimatorBase, model: CapturedModel, program: ir.
 
 
 class TrainingSummaries:
-    """The chief's Estimator-style progress log and TensorBoard scalars of a run on the simulated WSE.
+    """The chief's Estimator-style progress log and TensorBoard summaries of a run on the simulated WSE.
 
     Every log step: loss, loss_scale, global_step/sec, samples/sec (measured on
     this host), wse/estimated_samples_per_sec (what the compiled placement
     predicts for the real wafer), and the input stream's throughput, wait time
-    and per-worker share (input/...).
+    and per-worker share (input/...). Every save_summary_steps, on the steps
+    tf.estimator's summary saver picks (the run's first step, then every N
+    steps): the model_fn's scalar and histogram summaries (ModelSummaries).
+    One event file of TF1 summaries (simple_value scalars), as the Estimator
+    writes.
     """
 
-    def __init__(self, model_dir: str, stream: InputStream, estimated_samples_per_sec: float | None) -> None:
-        self._writer = tf.summary.create_file_writer(model_dir)
+    def __init__(self, model_dir: str, stream: InputStream, estimated_samples_per_sec: float | None,
+                 program: ir.Program | None = None, save_summary_steps: int | None = None) -> None:
+        self._writer = EventWriter(model_dir)
         self._stream = stream
         self._estimate = estimated_samples_per_sec
         self._window_start = time.perf_counter()
         self._window_steps = 0
         self._window_samples = 0
         self._total_samples = 0
+        self._model = ModelSummaries(program) if program is not None and save_summary_steps else None
+        self._summary_every = save_summary_steps or 0
+        self._last_summary: int | None = None
         if len(stream.workers) > 1:
             _log.info("Streaming input from %d input workers: %s.", len(stream.workers), ", ".join(stream.workers))
 
@@ -136,20 +147,78 @@ class TrainingSummaries:
             _log.info("Input: %s; waited %.0f%% of the time for data.",
                       ", ".join(f"{w} {input_stats.share(w):.0%}" for w in self._stream.workers),
                       100 * input_stats.summary_values()["input/wait_fraction"])
-        with self._writer.as_default():
-            tf.summary.scalar("loss", loss, step=step)
-            if loss_scale is not None:
-                tf.summary.scalar("loss_scale", loss_scale, step=step)
-            tf.summary.scalar("global_step/sec", steps_per_sec, step=step)
-            tf.summary.scalar("samples/sec", samples_per_sec, step=step)
-            if self._estimate is not None:
-                tf.summary.scalar("wse/estimated_samples_per_sec", self._estimate, step=step)
-            for name, value in input_stats.summary_values().items():
-                tf.summary.scalar(name, value, step=step)
+        values = {"loss": loss}
+        if loss_scale is not None:
+            values["loss_scale"] = loss_scale
+        values.update({"global_step/sec": steps_per_sec, "samples/sec": samples_per_sec})
+        if self._estimate is not None:
+            values["wse/estimated_samples_per_sec"] = self._estimate
+        values.update(input_stats.summary_values())
+        self._writer.add_summary(scalar_summary(values), step)
+
+    def write_model_summaries(self, step: int, outputs: dict[str, np.ndarray]) -> None:
+        """At tf.estimator's summary steps (the run's first step, then every save_summary_steps): the model_fn's
+        summaries of this step. ("loss" stays on the log steps, where write() puts it.)"""
+        if self._model is None:
+            return
+        if self._last_summary is not None and step < self._last_summary + self._summary_every:
+            return  # the first call is the run's first step
+        self._last_summary = step
+        self._writer.add_summary(self._model.summary(outputs), step)
 
     def close(self) -> None:
         self._writer.flush()
         self._writer.close()
+        if self._model is not None:
+            self._model.close()
+
+
+class ModelSummaries:
+    """The model_fn's tf.compat.v1 summaries on the host: the same summary ops, fed the "summary/<tag>" values
+    a step streams off the wafer (half-precision values arrive as float32).
+
+    Scalars become simple_value scalars and histograms HistogramProtos, exactly
+    as TF builds them on CPU. The kinds the system cannot compute (image,
+    audio, text, tensor, TF2 tf.summary writes, tags not static) are named in
+    one warning.
+    """
+
+    def __init__(self, program: ir.Program) -> None:
+        host_kinds = ("scalar", "histogram")
+        self.tags = dict(program.summaries)
+        skipped = {tag: kind for tag, kind in program.summaries.items() if kind not in host_kinds}
+        if skipped:
+            _log.warning("Summaries the CS system cannot compute are not written: %s. Only scalar and histogram "
+                         "tf.compat.v1 summaries (static tags) made in model_fn are computed on the wafer.",
+                         ", ".join(f"{tag} ({kind})" for tag, kind in sorted(skipped.items())))
+        self._keys = {tag: f"{ir.SUMMARY_PREFIX}/{tag}" for tag, kind in program.summaries.items()
+                      if kind in host_kinds and f"{ir.SUMMARY_PREFIX}/{tag}" in program.outputs}
+        self._graph = tf.Graph()
+        self._feeds: dict[str, Any] = {}
+        self._ops: dict[str, Any] = {}
+        with self._graph.as_default():
+            for tag, key in self._keys.items():
+                tensor = program.tensors[program.outputs[key]]
+                feed = tf.compat.v1.placeholder("float32" if tensor.dtype == ir.HALF else tensor.dtype, tensor.shape)
+                self._feeds[tag] = feed
+                self._ops[tag] = (tf.raw_ops.ScalarSummary(tags=tag, values=feed) if program.summaries[tag] == "scalar"
+                                  else tf.raw_ops.HistogramSummary(tag=tag, values=feed))
+        self._session = tf.compat.v1.Session(graph=self._graph) if self._ops else None
+
+    def summary(self, outputs: dict[str, np.ndarray]) -> Any:
+        """One Summary proto of this step's values (an output missing from the step is skipped)."""
+        summary = tf.compat.v1.Summary()
+        present = [tag for tag in self._ops if self._keys[tag] in outputs]
+        if present and self._session is not None:
+            serialized = self._session.run([self._ops[tag] for tag in present],
+                                           {self._feeds[tag]: outputs[self._keys[tag]] for tag in present})
+            for data in serialized:
+                summary.MergeFromString(data)
+        return summary
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
 
 
 def half_dtype_of(config: Any) -> str | None:
@@ -363,13 +432,18 @@ def predict_on_system(estimator: EstimatorBase, model: CapturedModel, program: i
 
 
 class HostMetrics:
-    """Runs host_call's fn on the host over the tensors each step streams off the wafer."""
+    """Runs host_call's fn on the host over the tensors each step streams off the wafer.
+
+    fn gets placeholders in the nest the model_fn gave (program.host_call's
+    structure: None stays None, lists, tuples and dicts rebuilt), positionally
+    or by keyword; half-precision outputs arrive as float32.
+    """
 
     def __init__(self, program: ir.Program, host_call: Any) -> None:
-        self._keys = [key for key in program.outputs if key.startswith("host_call/")]
+        self._keys = [key for key in program.outputs if key.startswith(f"{ir.HOST_CALL_PREFIX}/")]
         self._graph = tf.Graph()
         self._metrics: dict[str, Any] = {}
-        if host_call is None:
+        if host_call is None or program.host_call is None:
             return
         with self._graph.as_default():
             self._feeds = {}
@@ -377,14 +451,10 @@ class HostMetrics:
                 tensor = program.tensors[program.outputs[key]]
                 dtype = "float32" if tensor.dtype == ir.HALF else tensor.dtype
                 self._feeds[key] = tf.compat.v1.placeholder(dtype, tensor.shape)
-            names = [key.split("/", 1)[1] for key in self._keys]
-            if program.host_call == "dict":
-                self._metrics = host_call[0](**{n: self._feeds[k] for n, k in zip(names, self._keys)})
-            else:
-                self._metrics = host_call[0](*[self._feeds[k] for k in self._keys])
+            args, kwargs = ir.host_call_arguments(program.host_call, self._feeds.__getitem__)
+            self._metrics = host_call[0](*args, **kwargs)
             self._session = tf.compat.v1.Session(graph=self._graph)
             self._session.run(tf.compat.v1.local_variables_initializer())
-
     def update(self, outputs: dict[str, np.ndarray]) -> None:
         if self._metrics:
             with self._graph.as_default():

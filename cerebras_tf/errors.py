@@ -47,6 +47,10 @@ class EvalMetricOpsError(UnsupportedTensorFlowError):
     """eval_metric_ops in a CS-system run (metrics go through host_call)."""
 
 
+class HostCallError(UnsupportedTensorFlowError):
+    """A CSEstimatorSpec host_call the CS system cannot stream: not (fn, list|tuple|dict of nested tensors)."""
+
+
 class UnsupportedModeError(UnsupportedTensorFlowError):
     """A mode or entry point that does not run on the CS system."""
 

@@ -14,20 +14,28 @@ class CSEstimatorSpec(EstimatorSpec):
     On the CS system `fn` runs on the host over `tensors` streamed off the
     wafer; that is how metrics are computed there. `fn` takes the tensors
     positionally (a list/tuple) or by name (a dict) and returns a dict of
-    metrics, like `eval_metric_ops`. On CPU/GPU the CerebrasEstimator turns the
-    host_call of an EVAL spec into eval_metric_ops, so the same model_fn
-    evaluates everywhere; in TRAIN and PREDICT it is not called there.
+    metrics, like `eval_metric_ops`. As with TPUEstimator, each argument may be
+    a tensor, None, or lists, tuples and dicts of them nested at any depth
+    (e.g. `[(logits, ids), None, features]`); fn gets the same nest. On CPU/GPU
+    the CerebrasEstimator turns the host_call of an EVAL spec into
+    eval_metric_ops, so the same model_fn evaluates everywhere; in TRAIN and
+    PREDICT it is not called there. The structure is checked when the spec is
+    used: by the CS-system rules (a HostCallError naming the path of a bad
+    leaf), or on CPU/GPU by `validate_host_call`.
     """
 
     def __new__(cls, mode: str, host_call: HostCall | None = None, **kwargs: Any) -> "CSEstimatorSpec":
-        validate_host_call(host_call)
         spec = super().__new__(cls, mode, **kwargs)
         spec.host_call = host_call
         return spec
 
 
 def validate_host_call(host_call: Any) -> None:
-    """Raise a clear error unless host_call is None or (callable, list/tuple/dict of tensors)."""
+    """Raise a clear error unless host_call is None or (callable, list/tuple/dict): the CPU/GPU check.
+
+    The leaves are fn's business there; the CS-system rules also check them
+    (rules.spec.check_host_call).
+    """
     if host_call is None:
         return
     if not isinstance(host_call, (tuple, list)) or len(host_call) != 2:
@@ -50,6 +58,7 @@ def to_plain_spec(spec: EstimatorSpec, mode: str) -> EstimatorSpec:
     host_call = getattr(spec, "host_call", None)
     if type(spec) is EstimatorSpec:
         return spec
+    validate_host_call(host_call)
     fields = spec._asdict()
     if host_call is not None and mode == ModeKeys.EVAL:
         metrics = call_host_fn(host_call)

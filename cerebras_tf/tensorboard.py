@@ -1,4 +1,5 @@
-"""TensorBoard event files: write an image summary directly (graph and eager mode alike)."""
+"""TensorBoard event files, written directly (graph and eager mode alike): an image summary, a run's TF1
+summaries (EventWriter)."""
 from __future__ import annotations
 
 import os
@@ -27,3 +28,32 @@ def write_image_summary(logdir: str, tag: str, png: bytes, step: int = 0) -> str
         for event in events:
             writer.write(event.SerializeToString())
     return path
+
+
+class EventWriter:
+    """One new event file in `logdir` for a run, holding TF1 `Summary` protos (simple_value scalars,
+    histograms), as tf.compat.v1.summary.FileWriter writes them for tf.estimator."""
+
+    def __init__(self, logdir: str) -> None:
+        tf.io.gfile.makedirs(logdir)
+        now = time.time()
+        self.path = os.path.join(logdir, f"events.out.tfevents.{now:.6f}.{socket.gethostname()}")
+        self._records = tf.io.TFRecordWriter(self.path)
+        self._records.write(event_pb2.Event(wall_time=now, file_version="brain.Event:2").SerializeToString())
+
+    def add_summary(self, summary: summary_pb2.Summary, step: int) -> None:
+        if summary.value:
+            event = event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary)
+            self._records.write(event.SerializeToString())
+
+    def flush(self) -> None:
+        self._records.flush()
+
+    def close(self) -> None:
+        self._records.close()
+
+
+def scalar_summary(values: dict[str, float]) -> summary_pb2.Summary:
+    """A TF1 Summary of simple_value scalars, tag -> value."""
+    return summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=float(value))
+                                      for tag, value in values.items()])

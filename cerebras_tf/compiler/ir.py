@@ -115,8 +115,10 @@ class Program:
     kernels: list[Kernel]
     variables: list[Variable]
     inputs: dict[str, int]  # input_leaves keys ("features", "features/<key>", "labels", ...) -> tensor id (one batch)
-    outputs: dict[str, int]  # "loss", "host_call/<i|name>", "predictions/<key>" -> tensor id
-    host_call: str | None = None  # "list" or "dict": how to rebuild host_call's tensors
+    # "loss", "host_call/<path>" (one per tensor leaf, see host_call_structure), "summary/<tag>",
+    # "predictions/<key>" -> tensor id
+    outputs: dict[str, int]
+    host_call: dict[str, Any] | None = None  # host_call_structure's description: how to rebuild the arguments
     gradient_seed: int | None = None  # kernel id
     gradients: list[int] = dataclasses.field(default_factory=list)  # tensor ids (scale these back)
     global_step: str | None = None  # variable name
@@ -127,6 +129,9 @@ class Program:
     # the model scales its own loss (e.g. TF's loss-scale optimizer guards its weight update): an executor
     # applies no loss scaling of its own, and the model's scale variables are ordinary program variables
     model_loss_scaling: bool = False
+    # TRAIN: the model_fn's tf.compat.v1 summaries, tag -> kind; "scalar" and "histogram" are computed as
+    # outputs "summary/<tag>" and written by the host, other kinds ("image", "audio", "tensor", "tf2") are not
+    summaries: dict[str, str] = dataclasses.field(default_factory=dict)
     version: int = IR_VERSION
     arrays: dict[int, np.ndarray] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
@@ -210,6 +215,70 @@ def input_leaves(name: str, value: Any) -> dict[str, Any]:
     else:
         return {name: value}
     return {key: leaf for child, item in items for key, leaf in input_leaves(f"{name}/{child}", item).items()}
+
+
+# ---- host_call's arguments --------------------------------------------------------------
+HOST_CALL_PREFIX = "host_call"
+SUMMARY_PREFIX = "summary"
+
+
+def host_call_structure(tensors: Any, is_tensor: Any) -> tuple[dict[str, Any], dict[str, Any], list[tuple[str, Any]]]:
+    """Describe host_call's `tensors` (a list/tuple: fn's positional arguments, a dict: its keyword arguments).
+
+    Inside them lists, tuples and dicts (str keys) nest freely; a leaf is a
+    tensor (`is_tensor(leaf)`) or None. Returns (structure, leaves, bad):
+    `structure` is JSON-able, {"args": [node...]} or {"kwargs": [[name, node]...]}
+    where a node is None, {"tensor": key}, {"list"|"tuple": [node...]} or
+    {"dict": [[key, node]...]} (dict order kept); `leaves` maps each output key
+    ("host_call/<i>/<j>...", "host_call/<name>/<key>...") to its tensor; `bad`
+    lists (key, item) for anything else (other leaves, non-str dict keys,
+    namedtuples, sets; or `tensors` itself not a list/tuple/dict, key "host_call").
+    """
+    leaves: dict[str, Any] = {}
+    bad: list[tuple[str, Any]] = []
+
+    def node(item: Any, path: str) -> Any:
+        if item is None:
+            return None
+        if is_tensor(item):
+            if path in leaves:
+                bad.append((path, item))  # two dict keys spelled the same path ("a/b" and "a" -> "b")
+            leaves[path] = item
+            return {"tensor": path}
+        if isinstance(item, dict) and all(isinstance(k, str) for k in item):
+            return {"dict": [[k, node(v, f"{path}/{k}")] for k, v in item.items()]}
+        if isinstance(item, (list, tuple)) and not hasattr(item, "_fields"):
+            kind = "list" if isinstance(item, list) else "tuple"
+            return {kind: [node(v, f"{path}/{i}") for i, v in enumerate(item)]}
+        bad.append((path, item))
+        return None
+
+    if isinstance(tensors, dict) and all(isinstance(k, str) for k in tensors):
+        structure = {"kwargs": [[k, node(v, f"{HOST_CALL_PREFIX}/{k}")] for k, v in tensors.items()]}
+    elif isinstance(tensors, (list, tuple)) and not hasattr(tensors, "_fields"):
+        structure = {"args": [node(v, f"{HOST_CALL_PREFIX}/{i}") for i, v in enumerate(tensors)]}
+    else:
+        bad.append((HOST_CALL_PREFIX, tensors))
+        structure = {"args": []}
+    return structure, leaves, bad
+
+
+def host_call_arguments(structure: dict[str, Any], value_of: Any) -> tuple[list[Any], dict[str, Any]]:
+    """(args, kwargs) for host_call's fn: `structure` rebuilt with `value_of(key)` at each tensor leaf."""
+
+    def build(node: Any) -> Any:
+        if node is None:
+            return None
+        if "tensor" in node:
+            return value_of(node["tensor"])
+        if "dict" in node:
+            return {k: build(v) for k, v in node["dict"]}
+        items = [build(v) for v in node.get("list", node.get("tuple"))]
+        return items if "list" in node else tuple(items)
+
+    if "kwargs" in structure:
+        return [], {k: build(v) for k, v in structure["kwargs"]}
+    return [build(v) for v in structure["args"]], {}
 
 
 PROGRAM_FILE = "program.json"

@@ -1,7 +1,8 @@
 """Lower a captured Estimator graph to the WSE IR.
 
 Walks back from what the mode needs (TRAIN: loss + train_op, control
-dependencies included; EVAL: loss + host_call tensors; PREDICT: predictions)
+dependencies included, + scalar/histogram summaries; EVAL: loss + host_call
+tensors; PREDICT: predictions)
 to the program inputs (features, labels) and the variables, folds what is
 static (fold.py), matches every remaining op to a kernel (kernels.py) and
 inserts the WSE precision casts. Identity/NoOp/StopGradient and control edges
@@ -20,7 +21,7 @@ import functools
 import hashlib
 import json
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -46,29 +47,97 @@ class VarRef(str):
 
 
 # ---- what the program needs ------------------------------------------------------------
-def program_outputs(model: CapturedModel) -> tuple[dict[str, tf.Tensor], str | None, list[tf.Operation]]:
-    """(outputs by IR name, host_call kind, extra root ops) for the model's mode."""
+class ProgramOutputs(NamedTuple):
+    outputs: dict[str, tf.Tensor]  # by IR output name
+    host_call: dict[str, Any] | None  # ir.host_call_structure's description
+    summaries: dict[str, str]  # TRAIN: tag -> kind (see summary_kinds)
+    roots: list[tf.Operation]  # extra root ops (the train_op)
+
+
+def program_outputs(model: CapturedModel) -> ProgramOutputs:
+    """What the program streams back for the model's mode, and the ops it must run.
+
+    PREDICT: "predictions/<key>". TRAIN and EVAL: "loss", one "host_call/<path>"
+    per tensor leaf of host_call's (nested) tensors (the rules checked its
+    structure), and in TRAIN "summary/<tag>" for each scalar or histogram
+    tf.compat.v1 summary made in model_fn (written by the host).
+    """
     spec, mode = model.spec, model.input.mode
     outputs: dict[str, tf.Tensor] = {}
     roots: list[tf.Operation] = []
-    host_kind = None
     if mode == ModeKeys.PREDICT:
         predictions = spec.predictions
         if isinstance(predictions, dict):
             outputs.update({f"predictions/{k}": v for k, v in predictions.items()})
         else:
             outputs["predictions/output"] = predictions
-        return outputs, None, roots
+        return ProgramOutputs(outputs, None, {}, roots)
     outputs["loss"] = spec.loss
     host_call = getattr(spec, "host_call", None)
+    structure = None
     if host_call is not None:
-        tensors = host_call[1]
-        host_kind = "dict" if isinstance(tensors, dict) else "list"
-        items = tensors.items() if isinstance(tensors, dict) else enumerate(tensors)
-        outputs.update({f"host_call/{k}": tf.convert_to_tensor(v) for k, v in items})
-    if mode == ModeKeys.TRAIN and spec.train_op is not None:
-        roots.append(spec.train_op if isinstance(spec.train_op, tf.Operation) else spec.train_op.op)
-    return outputs, host_kind, roots
+        structure, leaves, _ = ir.host_call_structure(host_call[1], lambda x: isinstance(x, tf.Tensor))
+        outputs.update(leaves)
+    kinds: dict[str, str] = {}
+    if mode == ModeKeys.TRAIN:
+        kinds, tensors = summary_kinds(model.graph)
+        outputs.update({f"{ir.SUMMARY_PREFIX}/{tag}": tensor for tag, tensor in tensors.items()})
+        if spec.train_op is not None:
+            roots.append(spec.train_op if isinstance(spec.train_op, tf.Operation) else spec.train_op.op)
+    return ProgramOutputs(outputs, structure, kinds, roots)
+
+
+# tf.compat.v1 summary ops (GraphKeys.SUMMARIES) -> kind; the host writes "scalar" and "histogram".
+_SUMMARY_KINDS = {"ScalarSummary": "scalar", "HistogramSummary": "histogram", "ImageSummary": "image",
+                  "AudioSummary": "audio", "AudioSummaryV2": "audio", "TensorSummary": "tensor",
+                  "TensorSummaryV2": "tensor"}
+HOST_SUMMARY_KINDS = ("scalar", "histogram")
+
+
+def summary_kinds(graph: tf.Graph) -> tuple[dict[str, str], dict[str, tf.Tensor]]:
+    """The graph's summaries: (tag -> kind, tag -> tensor summarised for the kinds the host writes).
+
+    Tags are folded statically (a summary whose tag is not a static string is
+    keyed by its op name, kind "dynamic tag"). tf.compat.v1.summary.text is
+    kind "text"; TF2 tf.summary writes (collection _SUMMARY_V2) are kind "tf2",
+    keyed by op name. MergeSummary ops are skipped (their inputs are listed).
+    """
+    kinds: dict[str, str] = {}
+    tensors: dict[str, tf.Tensor] = {}
+    for item in graph.get_collection(tf.compat.v1.GraphKeys.SUMMARIES):
+        op = item if isinstance(item, tf.Operation) else getattr(item, "op", None)
+        if op is None or op.type == "MergeSummary":
+            continue
+        kind = _SUMMARY_KINDS.get(op.type, op.type)
+        tag = _static_string(op.inputs[0]) if op.inputs else None
+        if tag is None:
+            kinds.setdefault(op.name, "dynamic tag")
+            continue
+        tag = tag.decode("utf-8", "replace")
+        if kind == "tensor" and _plugin_name(op) == "text":
+            kind = "text"
+        if tag in kinds:
+            continue  # TF's MergeSummary refuses duplicate tags; the first one is written
+        kinds[tag] = kind
+        if kind in HOST_SUMMARY_KINDS:
+            tensors[tag] = op.inputs[1]
+    for item in graph.get_collection("_SUMMARY_V2"):  # GraphKeys._SUMMARY_COLLECTION
+        kinds.setdefault(getattr(item, "name", str(item)), "tf2")
+    return kinds, tensors
+
+
+def _static_string(tensor: tf.Tensor) -> bytes | None:
+    """A scalar string tensor's value when it is known statically."""
+    value = tf.get_static_value(tensor)
+    value = value.item() if isinstance(value, np.ndarray) and value.ndim == 0 else value
+    return value if isinstance(value, bytes) else None
+
+
+def _plugin_name(op: tf.Operation) -> str | None:
+    metadata = _static_string(op.inputs[2]) if len(op.inputs) > 2 else None
+    if metadata is None:
+        return None
+    return tf.compat.v1.SummaryMetadata.FromString(metadata).plugin_data.plugin_name
 
 
 def _is_assertion(op: tf.Operation) -> bool:
@@ -102,10 +171,11 @@ def needed_ops(roots: Sequence[tf.Operation], stop: set[str]) -> tuple[list[tf.O
 
 def graph_hash(model: CapturedModel, extra: str = "") -> str:
     """sha256 of everything the program depends on (not the input pipeline's data)."""
-    outputs, host_kind, roots = program_outputs(model)
+    outputs, host_call, summaries, roots = program_outputs(model)
     stop = _input_tensors(model)
     ops, _ = needed_ops([t.op for t in outputs.values() if t.name not in stop] + roots, set(stop))
-    digest = hashlib.sha256(f"{ir.IR_VERSION}|{model.input.mode}|{host_kind}|{extra}".encode())
+    described = json.dumps([host_call, summaries], sort_keys=True)
+    digest = hashlib.sha256(f"{ir.IR_VERSION}|{model.input.mode}|{described}|{extra}".encode())
     digest.update(f"loss_scaling={json.dumps(loss_scaling(model.graph), sort_keys=True)};".encode())
     for name, tensor in sorted(outputs.items()):
         digest.update(f"{name}={tensor.name};".encode())
@@ -581,7 +651,7 @@ def lower(model: CapturedModel, *, casts: bool = True) -> tuple[ir.Program, dict
     Raises the compile problems found (each naming op, type and user file:line).
     """
     graph = model.graph
-    outputs, host_kind, roots = program_outputs(model)
+    outputs, host_call, summaries, roots = program_outputs(model)
     inputs = _input_tensors(model)
     ops, assertions = needed_ops([t.op for t in outputs.values() if t.name not in inputs] + roots, set(inputs))
     builder = _Builder(graph, casts)
@@ -608,7 +678,7 @@ def lower(model: CapturedModel, *, casts: bool = True) -> tuple[ir.Program, dict
     program = ir.Program(
         mode=model.input.mode, tensors=builder.tensors, kernels=builder.kernels,
         variables=_variables(builder, model), inputs=program_inputs, outputs=program_outs,
-        host_call=host_kind, gradient_seed=builder.seed_kernels[0] if builder.seed_kernels else None,
+        host_call=host_call, summaries=summaries, gradient_seed=builder.seed_kernels[0] if builder.seed_kernels else None,
         global_step=model.input.global_step.op.name if model.input.global_step is not None else None,
         precision_casts=casts, loss_scaling=loss_scaling(graph), arrays=builder.arrays)
     program.model_loss_scaling = _guards_trainable_writes(program)

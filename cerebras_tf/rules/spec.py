@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from cerebras_tf.errors import CerebrasError, EvalMetricOpsError, HookError
+import tensorflow as tf
+
+from cerebras_tf.compiler.ir import host_call_structure
+from cerebras_tf.errors import CerebrasError, EvalMetricOpsError, HookError, HostCallError
 from estimator import EstimatorSpec, ModeKeys
 from estimator.source import function_location
 
@@ -35,7 +38,7 @@ def hooks_not_supported(what: str, hooks: Any, where: str | None) -> list[Cerebr
 
 
 def check_spec(spec: EstimatorSpec, mode: str, model_fn: Callable[..., Any]) -> list[CerebrasError]:
-    """No eval_metric_ops and no spec-level hooks on the CS system."""
+    """No eval_metric_ops, no spec-level hooks and a host_call the system can stream (check_host_call)."""
     where = function_location(model_fn)
     problems: list[CerebrasError] = []
     if spec.eval_metric_ops:
@@ -51,4 +54,48 @@ def check_spec(spec: EstimatorSpec, mode: str, model_fn: Callable[..., Any]) -> 
         )
     for field in _SPEC_HOOK_FIELDS:
         problems += hooks_not_supported(f"EstimatorSpec.{field}", getattr(spec, field), where)
+    problems += check_host_call(getattr(spec, "host_call", None), where)
     return problems
+
+
+_HOST_CALL_FIX = ("Return CSEstimatorSpec(host_call=(fn, tensors)): tensors a list/tuple (fn's positional "
+                  "arguments) or a dict (its keyword arguments) of tensors or None, nested in lists, tuples and "
+                  "dicts with str keys as deep as you like. Compute other values inside fn, on the host.")
+
+
+def check_host_call(host_call: Any, where: str | None) -> list[CerebrasError]:
+    """host_call is None or (callable, list|tuple|dict) whose leaves, at any depth, are tensors or None.
+
+    The structure is what TPUEstimator's host_call accepts; each problem names
+    the leaf's path, the program output it would be ("host_call/<i>/<key>...").
+    """
+    if host_call is None:
+        return []
+    if not isinstance(host_call, (tuple, list)) or len(host_call) != 2:
+        return [HostCallError(f"host_call must be a (fn, tensors) pair, got {_describe(host_call)}.",
+                              where=where, fix=_HOST_CALL_FIX)]
+    fn, tensors = host_call
+    problems: list[CerebrasError] = []
+    if not callable(fn):
+        problems.append(HostCallError(f"host_call's fn (its first element) is not callable: got {_describe(fn)}.",
+                                      where=where, fix=_HOST_CALL_FIX))
+    _, _, bad = host_call_structure(tensors, lambda x: isinstance(x, tf.Tensor))
+    for path, item in bad:
+        what = ("host_call's tensors (its second element) must be a list, tuple or dict"
+                if path == "host_call" else f"{path} in host_call's tensors must be a tensor or None")
+        problems.append(HostCallError(f"{what}, got {_describe(item)}; only tensors stream off the wafer.",
+                                      where=where, fix=_HOST_CALL_FIX))
+    return problems
+
+
+def _describe(item: Any) -> str:
+    if isinstance(item, dict):
+        return "a dict with non-str keys"
+    if isinstance(item, tuple) and hasattr(item, "_fields"):
+        return f"a namedtuple ({type(item).__name__}; use a tuple or a dict)"
+    if isinstance(item, (set, frozenset)):
+        return f"a {type(item).__name__} (unordered; use a list or tuple)"
+    if isinstance(item, tf.Tensor):
+        return f"a tensor ({item.name}) where another spelling of the same path has one too"
+    text = repr(item)
+    return f"{type(item).__name__} {text if len(text) <= 40 else text[:37] + '...'}"

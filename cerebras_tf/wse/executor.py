@@ -49,7 +49,7 @@ _MAY_ALIAS = frozenset({"reshape", "squeeze", "expand_dims", "unstack", "split",
 class StepResult:
     """What a step streams back to the host."""
 
-    outputs: dict[str, np.ndarray]  # program.outputs keys: "loss", "host_call/<i>", "predictions/<key>"
+    outputs: dict[str, np.ndarray]  # program.outputs keys: "loss", "host_call/<path>", "summary/<tag>", ...
     finite: bool = True  # gradients were finite (the update was applied)
     loss_scale: float | None = None  # the scale used for this step (None without a GradScaler)
 

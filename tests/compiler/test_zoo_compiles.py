@@ -47,7 +47,8 @@ def test_eval_program_streams_loss_and_host_call_and_updates_nothing(zoo_estimat
     est = zoo_estimator("mlp", compile_dir=str(tmp_path / "compile"))
     program = est.compile(MODELS["mlp"].input_fn, mode="eval").program
     assert program.mode == "eval"
-    assert set(program.outputs) == {"loss", "host_call/0", "host_call/1"} and program.host_call == "list"
+    assert set(program.outputs) == {"loss", "host_call/0", "host_call/1"} and program.host_call["args"] == [
+        {"tensor": "host_call/0"}, {"tensor": "host_call/1"}]
     assert program.outputs["host_call/0"] == program.inputs["labels"]
     assert program.gradient_seed is None and not program.gradients
     assert {k.role for k in program.kernels} == {"forward"}

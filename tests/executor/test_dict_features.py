@@ -13,7 +13,7 @@ import tensorflow as tf
 import cerebras_tf
 from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, amp, cs_training, set_default_tf_config
 from cerebras_tf.compiler import ir
-from cerebras_tf.tensorboard import read_scalars
+from benchmarks.summaries import read_scalars
 from cerebras_tf.wse.executor import Executor
 
 SEQ, HIDDEN, VOCAB, BATCH, MAX_PREDICTIONS = 8, 16, 32, 4, 3
