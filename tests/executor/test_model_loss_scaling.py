@@ -62,7 +62,8 @@ class CSStyleDynamicLossScale(tf.compat.v1.mixed_precision.DynamicLossScale):
 
 
 # loss scale -> (the variables it uses, how to build it). The CS-style scale inherits DynamicLossScale's
-# good_steps but never uses it: it is no program variable, so the CS checkpoint does not hold it.
+# good_steps but never uses it: it is no program variable, but the CS checkpoint still holds it (unchanged), as
+# tf.estimator's does, so CPU training can resume from it.
 SCALES = {
     "tf_dynamic": (["current_loss_scale", "good_steps"],
                    lambda: tf.compat.v1.mixed_precision.DynamicLossScale(initial_loss_scale=2.0 ** 8,
@@ -178,8 +179,8 @@ def test_training_with_the_model_loss_scale_matches_the_estimator(tmp_path, scal
     cpu.train(_input_fn, max_steps=STEPS)
 
     cs_final, cpu_final = _checkpoint(cs_dir), _checkpoint(cpu_dir)
-    # the model's scale variables, no amp/ state of the executor's own
-    assert set(cs_final) == set(cpu_final) - ({"good_steps"} if scale == "cs_dynamic" else set())
+    # the model's scale variables (and the unused good_steps), no amp/ state of the executor's own
+    assert set(cs_final) == set(cpu_final)
     assert set(SCALES[scale][0]) <= set(cs_final)
     assert cs_final["global_step"] == STEPS
     for name, value in cs_final.items():
