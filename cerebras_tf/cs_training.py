@@ -49,7 +49,11 @@ def train_on_system(estimator: EstimatorBase, model: CapturedModel, program: ir.
     half = half_dtype_of(config)
     executor = Executor(program, values, grad_scaler=checkpoints.starting_grad_scaler(half), half_dtype=half)
     first = executor.global_step
-    last = max_steps if max_steps is not None else first + steps
+    if max_steps is not None:
+        last = max_steps
+    else:
+        assert steps is not None, "rules.run.check_train_call requires steps or max_steps"
+        last = first + steps
     if first >= last:
         _log.info("Skipping training since max_steps has already saved (global step %d).", first)
         return first
@@ -71,7 +75,7 @@ def train_on_system(estimator: EstimatorBase, model: CapturedModel, program: ir.
             result = executor.step(features, labels)
             step = executor.global_step
             summaries.step_done(batch_size((features, labels)))
-            if step % every == 0 or step == last:
+            if (step % every == 0 or step == last) and result.loss is not None:
                 summaries.write(step, result.loss, result.loss_scale)
             summaries.write_model_summaries(step, result.outputs)
             if save_every and step % save_every == 0 and step != last:
@@ -256,7 +260,8 @@ def warm_start_values(settings: Any, program: ir.Program) -> dict[str, np.ndarra
     if settings.var_name_to_vocab_info:
         raise UnsupportedTensorFlowError(
             "warm_start_from with var_name_to_vocab_info (vocabulary remapping) is not supported on the CS system.",
-            fix="Remap the embedding once on CPU (warm-start a CPU run and save), then warm-start from that checkpoint.")
+            fix="Remap the embedding once on CPU (warm-start a CPU run and save), then warm-start from that "
+                "checkpoint.")
     path = settings.ckpt_to_initialize_from
     if tf.io.gfile.isdir(path):
         saved_model_variables = os.path.join(path, "variables", "variables")
@@ -293,7 +298,7 @@ class CheckpointWriter:
         self.model_dir = model_dir
         self._graph = tf.Graph()
         self._untouched = self._untouched_variables()
-        specs = {v.name: (v.dtype, v.shape) for v in program.variables}
+        specs: dict[str, tuple[Any, Any]] = {v.name: (v.dtype, v.shape) for v in program.variables}
         specs.update({name: (value.dtype, value.shape) for name, value in self._untouched.items()})
         if not program.model_loss_scaling:
             specs.update({_loss_scale_name(key): (dtype, ()) for key, dtype in STATE_VARIABLES.items()})
@@ -347,7 +352,7 @@ class CheckpointWriter:
         values = {**self._untouched, **executor.variables()}
         if not self.program.model_loss_scaling:
             state = executor.grad_scaler.state_dict() if executor.grad_scaler is not None else {}
-            values.update({_loss_scale_name(key): state.get(key, 0) for key in STATE_VARIABLES})
+            values.update({_loss_scale_name(key): np.asarray(state.get(key, 0)) for key in STATE_VARIABLES})
         with self._graph.as_default():
             self._session.run(self._init, {self._feeds[name]: value for name, value in values.items()})
             path = self._saver.save(self._session, os.path.join(self.model_dir, "model.ckpt"), global_step=step,

@@ -145,11 +145,12 @@ class Folder:
             rank = op.inputs[0].shape.rank
             return None if rank is None else [np.array(rank, dtype=out_type)]
         shapes = [static_shape(t) for t in op.inputs]
-        if any(s is None for s in shapes):
+        known = [s for s in shapes if s is not None]
+        if len(known) < len(shapes):
             return None
         if op.type == "Size":
-            return [np.array(int(np.prod(shapes[0], dtype=np.int64)), dtype=out_type)]
-        return [np.array(s, dtype=out_type) for s in shapes]
+            return [np.array(int(np.prod(known[0], dtype=np.int64)), dtype=out_type)]
+        return [np.array(s, dtype=out_type) for s in known]
 
     # ---- queries ------------------------------------------------------------
     def is_const(self, tensor: tf.Tensor) -> bool:

@@ -45,7 +45,7 @@ def _k(kind: str, *attrs: str, static: Mapping[int, str] | None = None, compute:
 
 _CONV_ATTRS = ("strides", "padding", "explicit_paddings", "data_format", "dilations")
 _POOL_ATTRS = ("ksize", "strides", "padding", "data_format")
-_REDUCE = dict(static={1: "axis"}, category="reduce")
+_REDUCE: dict[str, Any] = {"static": {1: "axis"}, "category": "reduce"}
 
 LIBRARY: dict[str, KernelDef] = {
     # element-wise, unary

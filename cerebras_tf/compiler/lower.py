@@ -25,8 +25,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.framework import func_graph as func_graph_module  # pylint: disable=no-name-in-module
-from tensorflow.python.framework import function_def_to_graph, importer  # pylint: disable=no-name-in-module
+from tensorflow.python.framework import func_graph as func_graph_module
+from tensorflow.python.framework import function_def_to_graph, importer
 
 from cerebras_tf.amp.target import LOSS_SCALING_COLLECTION
 from cerebras_tf.compiler import fold, ir, kernels
@@ -109,11 +109,11 @@ def summary_kinds(graph: tf.Graph) -> tuple[dict[str, str], dict[str, tf.Tensor]
         if op is None or op.type == "MergeSummary":
             continue
         kind = _SUMMARY_KINDS.get(op.type, op.type)
-        tag = _static_string(op.inputs[0]) if op.inputs else None
-        if tag is None:
+        raw_tag = _static_string(op.inputs[0]) if op.inputs else None
+        if raw_tag is None:
             kinds.setdefault(op.name, "dynamic tag")
             continue
-        tag = tag.decode("utf-8", "replace")
+        tag = raw_tag.decode("utf-8", "replace")
         if kind == "tensor" and _plugin_name(op) == "text":
             kind = "text"
         if tag in kinds:
@@ -166,7 +166,7 @@ def needed_ops(roots: Sequence[tf.Operation], stop: set[str]) -> tuple[list[tf.O
                 dropped.add(control.name)
             else:
                 stack.append(control)
-    return sorted(seen.values(), key=lambda op: op._id), len(dropped)  # pylint: disable=protected-access
+    return sorted(seen.values(), key=lambda op: op._id), len(dropped)
 
 
 def graph_hash(model: CapturedModel, extra: str = "") -> str:
@@ -226,7 +226,7 @@ def _function_digest(name: str, graph: tf.Graph, functions: dict[str, str]) -> s
 
 
 def _function_def(graph: tf.Graph, name: str) -> Any:
-    function = graph._get_function(name)  # pylint: disable=protected-access
+    function = graph._get_function(name)
     return function.cached_definition if hasattr(function, "cached_definition") else function.definition
 
 
@@ -277,7 +277,7 @@ class _Builder:
         self.aliases_removed = 0
         self.if_converted = 0
         self._half: dict[int, int] = {}
-        self._branches: dict[str, tf.Graph] = {}
+        self._branches: dict[tuple[str, tuple[tuple[int, str], ...]], tf.Graph] = {}
 
     def tensor(self, shape: Sequence[int], dtype: str, name: str, const: ir.Const | None = None) -> int:
         tensor = ir.Tensor(len(self.tensors), [int(d) for d in shape], dtype, name, const)
@@ -439,6 +439,7 @@ class _GraphLowerer:
             return  # bound by the caller (program inputs, branch arguments)
         if fold.is_gradient_seed(op) and self.forced_role is None:
             shape = fold.static_shape(op.outputs[0])
+            assert shape is not None, "a gradient seed is shaped like the loss, a static shape"
             out = self.b.tensor(shape, op.outputs[0].dtype.name, op.outputs[0].name)
             kernel = self.b.kernel("gradient_seed", [], [out], {"value": 1.0}, role="gradient_seed", tf_op=op,
                                    location=self._where(op))
@@ -678,7 +679,8 @@ def lower(model: CapturedModel, *, casts: bool = True) -> tuple[ir.Program, dict
     program = ir.Program(
         mode=model.input.mode, tensors=builder.tensors, kernels=builder.kernels,
         variables=_variables(builder, model), inputs=program_inputs, outputs=program_outs,
-        host_call=host_call, summaries=summaries, gradient_seed=builder.seed_kernels[0] if builder.seed_kernels else None,
+        host_call=host_call, summaries=summaries,
+        gradient_seed=builder.seed_kernels[0] if builder.seed_kernels else None,
         global_step=model.input.global_step.op.name if model.input.global_step is not None else None,
         precision_casts=casts, loss_scaling=loss_scaling(graph), arrays=builder.arrays)
     program.model_loss_scaling = _guards_trainable_writes(program)
@@ -810,16 +812,19 @@ def _layers(program: ir.Program) -> list[ir.Layer]:
     for kernel in reversed(kernels):  # backward: the layer of the first consumer
         if layer_of[kernel.id] is None:
             layer_of[kernel.id] = next((consumer_layer[t] for t in kernel.outputs if t in consumer_layer), None)
-        if layer_of[kernel.id] is not None:
-            consumer_layer.update({t: layer_of[kernel.id] for t in kernel.inputs})
+        layer = layer_of[kernel.id]
+        if layer is not None:
+            consumer_layer.update({t: layer for t in kernel.inputs})
     previous = next((name for name in layer_of if name is not None), "program")
+    placed: list[str] = []
     for kernel in kernels:  # neighbours in execution order, for what is still unplaced
-        previous = layer_of[kernel.id] = layer_of[kernel.id] or previous
+        previous = layer_of[kernel.id] or previous
+        placed.append(previous)
 
     groups: dict[str, ir.Layer] = {}
     first_forward: dict[str, int] = {}
     for kernel in kernels:
-        kernel.layer = layer_of[kernel.id]
+        kernel.layer = placed[kernel.id]
         group = groups.setdefault(kernel.layer, ir.Layer(kernel.layer, [], []))
         group.kernels.append(kernel.id)
         if kernel.role == "forward":

@@ -285,7 +285,7 @@ class InputStream:
 
     def _start_threads(self, dataset: tf.data.Dataset, target: str) -> None:
         distributed = dataset.apply(
-            data_service_ops._distribute(  # pylint: disable=protected-access
+            data_service_ops._distribute(
                 processing_mode=tf.data.experimental.service.ShardingPolicy.HINT,
                 service=target,
                 task_refresh_interval_hint_ms=200,
@@ -450,7 +450,7 @@ def batch_size(batch: Batch) -> int:
 def _refuse_python_ops(dataset: tf.data.Dataset, input_fn: Callable[..., Any]) -> None:
     """tf.py_function/numpy_function cannot run on a remote worker: the Python code stays on the chief."""
     try:
-        serialized = dataset._as_serialized_graph()  # pylint: disable=protected-access
+        serialized = dataset._as_serialized_graph()
         graph_def = tf.compat.v1.GraphDef.FromString(serialized.numpy())
     except Exception:  # noqa: BLE001 - best effort; the worker would report it
         return
