@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 
 import cerebras_tf
-from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig
+from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, amp
 from cerebras_tf.errors import CerebrasError
 
 CS_IP = "localhost:9000"
@@ -291,3 +291,15 @@ def _release_simulated_systems():
     cerebras_tf.release_system()
     yield
     cerebras_tf.release_system()
+
+
+@pytest.fixture
+def float32_numerics():
+    """The simulated WSE computes in float32 (no half rounding) for the test, so it matches TF on CPU."""
+    previous = amp.get_half_dtype()
+    amp.set_half_dtype("float32")
+    try:
+        yield
+    finally:
+        amp.set_half_dtype(previous)
+        cerebras_tf.release_system()

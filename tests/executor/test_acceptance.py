@@ -50,12 +50,6 @@ def _numerics(half_dtype: str):
 
 
 @pytest.fixture
-def float32_numerics():
-    """float32 numerics: no half rounding, for step-by-step parity with TF."""
-    yield from _numerics("float32")
-
-
-@pytest.fixture
 def float16_numerics():
     yield from _numerics("float16")
 

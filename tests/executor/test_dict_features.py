@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import cerebras_tf
-from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, amp, cs_training, set_default_tf_config
+from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, cs_training, set_default_tf_config
 from cerebras_tf.compiler import ir
 from benchmarks.summaries import read_scalars
 from cerebras_tf.wse.executor import Executor
@@ -109,18 +109,6 @@ def model_fn(features, labels, mode, params):
 def _tf_config(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     set_default_tf_config()
-
-
-@pytest.fixture
-def float32_numerics():
-    """No half rounding: the system's results match TensorFlow on CPU."""
-    previous = amp.get_half_dtype()
-    amp.set_half_dtype("float32")
-    try:
-        yield
-    finally:
-        amp.set_half_dtype(previous)
-        cerebras_tf.release_system()
 
 
 def _estimator(model_dir, params=None, compile_dir=None, **config):
