@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import cerebras_tf
-from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, amp, set_default_tf_config
+from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, set_default_tf_config
 from cerebras_tf.compiler import ir
 from cerebras_tf.errors import CerebrasError, HostCallError, MultipleProblemsError
 from benchmarks.summaries import read_scalars
@@ -32,15 +31,7 @@ def _tf_config(monkeypatch):
     set_default_tf_config()
 
 
-@pytest.fixture(autouse=True)
-def _float32_numerics():
-    previous = amp.get_half_dtype()
-    amp.set_half_dtype("float32")
-    try:
-        yield
-    finally:
-        amp.set_half_dtype(previous)
-        cerebras_tf.release_system()
+pytestmark = pytest.mark.usefixtures("float32_numerics")  # every test here compares with TF on CPU
 
 
 def _input_fn(params):
