@@ -188,15 +188,14 @@ class ModelSummaries:
     """
 
     def __init__(self, program: ir.Program) -> None:
-        host_kinds = ("scalar", "histogram")
         self.tags = dict(program.summaries)
-        skipped = {tag: kind for tag, kind in program.summaries.items() if kind not in host_kinds}
+        skipped = {tag: kind for tag, kind in program.summaries.items() if kind not in ir.HOST_SUMMARY_KINDS}
         if skipped:
             _log.warning("Summaries the CS system cannot compute are not written: %s. Only scalar and histogram "
                          "tf.compat.v1 summaries (static tags) made in model_fn are computed on the wafer.",
                          ", ".join(f"{tag} ({kind})" for tag, kind in sorted(skipped.items())))
         self._keys = {tag: f"{ir.SUMMARY_PREFIX}/{tag}" for tag, kind in program.summaries.items()
-                      if kind in host_kinds and f"{ir.SUMMARY_PREFIX}/{tag}" in program.outputs}
+                      if kind in ir.HOST_SUMMARY_KINDS and f"{ir.SUMMARY_PREFIX}/{tag}" in program.outputs}
         self._graph = tf.Graph()
         self._feeds: dict[str, Any] = {}
         self._ops: dict[str, Any] = {}

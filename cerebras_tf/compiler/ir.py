@@ -220,6 +220,8 @@ def input_leaves(name: str, value: Any) -> dict[str, Any]:
 # ---- host_call's arguments --------------------------------------------------------------
 HOST_CALL_PREFIX = "host_call"
 SUMMARY_PREFIX = "summary"
+# The summary kinds computed on the wafer as outputs "summary/<tag>" and written by the host.
+HOST_SUMMARY_KINDS = ("scalar", "histogram")
 
 
 def host_call_structure(tensors: Any, is_tensor: Any) -> tuple[dict[str, Any], dict[str, Any], list[tuple[str, Any]]]:

@@ -91,7 +91,6 @@ def program_outputs(model: CapturedModel) -> ProgramOutputs:
 _SUMMARY_KINDS = {"ScalarSummary": "scalar", "HistogramSummary": "histogram", "ImageSummary": "image",
                   "AudioSummary": "audio", "AudioSummaryV2": "audio", "TensorSummary": "tensor",
                   "TensorSummaryV2": "tensor"}
-HOST_SUMMARY_KINDS = ("scalar", "histogram")
 
 
 def summary_kinds(graph: tf.Graph) -> tuple[dict[str, str], dict[str, tf.Tensor]]:
@@ -119,7 +118,7 @@ def summary_kinds(graph: tf.Graph) -> tuple[dict[str, str], dict[str, tf.Tensor]
         if tag in kinds:
             continue  # TF's MergeSummary refuses duplicate tags; the first one is written
         kinds[tag] = kind
-        if kind in HOST_SUMMARY_KINDS:
+        if kind in ir.HOST_SUMMARY_KINDS:
             tensors[tag] = op.inputs[1]
     for item in graph.get_collection("_SUMMARY_V2"):  # GraphKeys._SUMMARY_COLLECTION
         kinds.setdefault(getattr(item, "name", str(item)), "tf2")
