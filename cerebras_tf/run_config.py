@@ -6,7 +6,7 @@ import os
 import traceback
 from typing import Any, Mapping
 
-from estimator import RunConfig
+from cerebras_tf.cluster import check_num_input_workers, input_worker_count
 from cerebras_tf.cs_config import (
     Settings,
     cs_config_fields,
@@ -17,6 +17,7 @@ from cerebras_tf.cs_config import (
     warn_ignored,
 )
 from cerebras_tf.wse.fabric import WSE2, Fabric, fabric_by_name
+from estimator import RunConfig
 from estimator.source import user_frame
 
 # CSRunConfig checkpoints by steps (tf.estimator.RunConfig defaults to every
@@ -93,8 +94,7 @@ class CSRunConfig(RunConfig):
         elif workers_per_csx is not None and workers_per_csx != num_input_workers:
             raise ValueError(f"CSRunConfig(num_input_workers={num_input_workers!r}) contradicts cs_config's "
                              f"num_workers_per_csx={workers_per_csx}: give one of them.")
-        if num_input_workers is not None and (not isinstance(num_input_workers, int) or num_input_workers < 1):
-            raise ValueError(f"CSRunConfig(num_input_workers={num_input_workers!r}) must be a positive integer.")
+        check_num_input_workers(num_input_workers)
         if isinstance(input_worker_timeout_secs, bool) or not isinstance(input_worker_timeout_secs, (int, float)) \
                 or input_worker_timeout_secs <= 0:
             raise ValueError(
@@ -172,7 +172,13 @@ class CSRunConfig(RunConfig):
         return self._input_worker_timeout_secs
 
     @property
+    def requested_input_workers(self) -> int | None:
+        """num_input_workers (or cs_config's num_workers_per_csx) as given; None: TF_CONFIG decides when a run
+        starts (see CSSettings)."""
+        return self._num_input_workers
+
+    @property
     def num_input_workers(self) -> int:
-        if self._num_input_workers is not None:
-            return self._num_input_workers
-        return max(1, len(self.cluster_spec.as_dict().get("worker", []))) if self.cluster_spec else 1
+        """The input workers this config asks for, with the TF_CONFIG of when it was built."""
+        workers = len(self.cluster_spec.as_dict().get("worker", [])) if self.cluster_spec else 0
+        return input_worker_count(self._num_input_workers, workers)

@@ -1,18 +1,19 @@
 """Host-side input streaming for the simulated CS system: input workers on tf.data service.
 
-- cluster: TF_CONFIG -> Cluster (chief + input workers) and where input runs (no TensorFlow import).
 - service: the chief's tf.data service dispatcher, embedded workers, registration wait, shutdown.
 - stream: InputStream, numpy (features, labels) batches with per-worker counts and fault handling.
 
-Worker machines run `python -m cerebras_tf.input_workers` (see __main__.py).
-`stream` and `service` are imported on first use so that parsing TF_CONFIG needs no TensorFlow.
+TF_CONFIG parsing and where input runs (Cluster, InputPlan) live in cerebras_tf/cluster.py, which the
+settings and the rules import too; they are re-exported here. Worker machines run
+`python -m cerebras_tf.input_workers` (see __main__.py). `stream` and `service` are imported on first use so
+that parsing TF_CONFIG needs no TensorFlow.
 """
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-from cerebras_tf.input_workers.cluster import (
+from cerebras_tf.cluster import (
     Cluster,
     InputPlan,
     cluster_from_environ,

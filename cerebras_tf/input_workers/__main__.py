@@ -26,7 +26,7 @@ import time
 from typing import Sequence
 
 from cerebras_tf.errors import ConfigError
-from cerebras_tf.input_workers.cluster import parse_tf_config
+from cerebras_tf.cluster import parse_tf_config
 
 log = logging.getLogger("cerebras_tf.input_workers")
 

@@ -23,7 +23,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from cerebras_tf.errors import InputWorkerError
-from cerebras_tf.input_workers.cluster import Cluster
+from cerebras_tf.cluster import Cluster
 
 log = logging.getLogger("cerebras_tf.input_workers")
 

@@ -49,7 +49,8 @@ from tensorflow.python.data.experimental.ops import data_service_ops
 from tensorflow.python.eager import context
 
 from cerebras_tf.errors import InputFunctionError, InputWorkerError, InputWorkerWarning, raise_problems
-from cerebras_tf.input_workers.cluster import Cluster, InputPlan, cluster_from_environ, plan_input_workers
+from cerebras_tf.cluster import Cluster, InputPlan, check_num_input_workers, cluster_from_environ, \
+    plan_input_workers
 from cerebras_tf.input_workers.service import InputServers, is_listening
 from cerebras_tf.rules.input import check_shuffle_seeds
 from estimator import inspect_dataset
@@ -155,7 +156,8 @@ class InputStream:
     ) -> None:
         self._params = dict(params or {})
         self._cluster = cluster if cluster is not None else cluster_from_environ()
-        self.plan: InputPlan = plan_input_workers(self._cluster, num_input_workers)
+        count = check_num_input_workers(num_input_workers, "InputStream")
+        self.plan: InputPlan = plan_input_workers(self._cluster, count)
         if servers is not None:
             self.plan = InputPlan(self.plan.mode if self.plan.mode != "local" else "embedded",
                                   len(servers.cluster.workers))

@@ -5,9 +5,9 @@ import json
 import os
 from typing import Mapping
 
+from cerebras_tf.cluster import parse_tf_config
 from cerebras_tf.cs_config import PIPELINE, WEIGHT_STREAMING
 from cerebras_tf.errors import CerebrasError, ConfigError
-from cerebras_tf.input_workers.cluster import parse_tf_config
 from cerebras_tf.run_config import DEFAULT_TF_CONFIG
 from estimator import RunConfig, run_config_value
 

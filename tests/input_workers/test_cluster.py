@@ -5,8 +5,9 @@ import json
 
 import pytest
 
+from cerebras_tf.cluster import Cluster, check_num_input_workers, input_worker_count, parse_tf_config, \
+    plan_input_workers
 from cerebras_tf.errors import ConfigError
-from cerebras_tf.input_workers.cluster import Cluster, parse_tf_config, plan_input_workers
 
 
 def _config(cluster: dict, task: dict | None = None) -> str:
@@ -73,5 +74,15 @@ def test_plan_refuses_a_worker_count_that_contradicts_tf_config():
     cluster = Cluster("127.0.0.1:5000", ("127.0.0.1:5001", "127.0.0.1:5002"))
     with pytest.raises(ConfigError, match=r"num_input_workers=3 does not match the 2 task\(s\).*'cluster.worker'"):
         plan_input_workers(cluster, 3)
-    with pytest.raises(ConfigError, match="positive integer"):
-        plan_input_workers(cluster, 0)
+
+
+@pytest.mark.parametrize("count", [0, -1, 1.5, True, "2"])
+def test_a_worker_count_that_is_not_a_positive_integer_is_refused_where_it_is_handed_in(count):
+    """One check, one error type: CSRunConfig and InputStream call it; the plan and CSSettings trust the count."""
+    with pytest.raises(ValueError, match=r"CSRunConfig\(num_input_workers=.*\) must be a positive integer"):
+        check_num_input_workers(count)
+    assert check_num_input_workers(None) is None and check_num_input_workers(3) == 3
+
+
+def test_the_worker_count_is_the_explicit_one_else_the_tf_config_workers_else_one():
+    assert [input_worker_count(2, 3), input_worker_count(None, 3), input_worker_count(None, 0)] == [2, 3, 1]

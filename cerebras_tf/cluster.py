@@ -1,6 +1,11 @@
-"""TF_CONFIG -> a small description of the input cluster (chief + input workers).
+"""TF_CONFIG -> a small description of the input cluster (chief + input workers), and where input runs.
 
-No TensorFlow import: the worker command and the rules parse TF_CONFIG cheaply.
+Pure functions with no TensorFlow import, in a module of its own so that
+everything that needs them imports them one way: CSSettings resolves the
+cluster and the input plan once per run (settings.py), the input workers
+stream from it (input_workers/), and the worker command parses its own task.
+The input-worker count is worked out here only (`input_worker_count`), for
+CSRunConfig.num_input_workers and for the plan alike.
 """
 from __future__ import annotations
 
@@ -56,6 +61,10 @@ class InputPlan:
 
     mode: str
     num_workers: int
+
+
+# Reading input_fn's data in the chief's own process (what evaluation and prediction on the system do).
+LOCAL_PLAN = InputPlan("local", 1)
 
 
 def _error(field: str, problem: str, raw: str | None = None) -> ConfigError:
@@ -148,20 +157,30 @@ def cluster_from_environ(environ: Mapping[str, str] = os.environ) -> Cluster:
     return parse_tf_config(environ.get("TF_CONFIG"))
 
 
+def check_num_input_workers(value: Any, caller: str = "CSRunConfig") -> int | None:
+    """`value` as an explicit input-worker count: None (not given) or a positive integer, else ValueError.
+
+    The one check of the count's type and range, made where a caller hands the
+    count in (CSRunConfig when it is built, InputStream given a count directly),
+    so the plan below and CSSettings take it as valid.
+    """
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{caller}(num_input_workers={value!r}) must be a positive integer.")
+    return value
+
+
+def input_worker_count(num_input_workers: int | None, tf_config_workers: int) -> int:
+    """How many input workers a run asks for: the explicit count, else the TF_CONFIG `worker` tasks, else 1."""
+    return num_input_workers if num_input_workers is not None else max(1, tf_config_workers)
+
+
 def plan_input_workers(cluster: Cluster, num_input_workers: int | None = None) -> InputPlan:
-    """Decide where input runs.
+    """Decide where input runs, for a count check_num_input_workers accepted.
 
     TF_CONFIG workers listed: `cluster` mode with those workers (num_input_workers,
-    if given, must match). Otherwise num_input_workers > 1 starts that many
-    embedded in-process workers; 1 or None runs input locally.
+    if given, must match: ConfigError otherwise). Otherwise num_input_workers > 1
+    starts that many embedded in-process workers; 1 or None runs input locally.
     """
-    if num_input_workers is not None and (
-        not isinstance(num_input_workers, int) or isinstance(num_input_workers, bool) or num_input_workers < 1
-    ):
-        raise ConfigError(
-            f"num_input_workers={num_input_workers!r} must be a positive integer.",
-            fix="Pass CSRunConfig(num_input_workers=N) with N >= 1, or leave it unset.",
-        )
     if cluster.workers:
         if num_input_workers is not None and num_input_workers != len(cluster.workers):
             raise ConfigError(
@@ -170,5 +189,5 @@ def plan_input_workers(cluster: Cluster, num_input_workers: int | None = None) -
                 fix="Leave num_input_workers unset when TF_CONFIG lists the workers, or list that many workers.",
             )
         return InputPlan("cluster", len(cluster.workers))
-    count = num_input_workers or 1
+    count = input_worker_count(num_input_workers, 0)
     return InputPlan("embedded" if count > 1 else "local", count)
