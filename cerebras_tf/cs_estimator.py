@@ -12,9 +12,9 @@ from cerebras_tf.compiler.driver import CompileResult, compile_model, program_ha
 from cerebras_tf.cs_training import checkpoint_to_evaluate, evaluate_on_system, predict_on_system, train_on_system
 from cerebras_tf.precheck import precheck
 from cerebras_tf.run_config import CSRunConfig
+from cerebras_tf.settings import CSSettings
 from cerebras_tf.spec import to_plain_spec
 from cerebras_tf.tensorboard import write_image_summary
-from cerebras_tf.wse.fabric import WSE2
 from cerebras_tf.wse.system import check_system, program_system
 from estimator import CapturedModel, EstimatorBase, EstimatorSpec, ModeKeys, RunConfig
 
@@ -31,6 +31,8 @@ class CerebrasEstimator(EstimatorBase):
     tf.estimator.Estimator's, with all its features. With a cs_ip, runs
     target the simulated CS system embedded in this process, and every
     CS-system rule is checked before anything is written to model_dir.
+    Each of train/evaluate/predict/compile resolves the config and TF_CONFIG
+    once, into a CSSettings, and hands that to everything it calls.
 
     Args:
       model_fn: the usual Estimator model_fn; it may return a CSEstimatorSpec.
@@ -66,19 +68,20 @@ class CerebrasEstimator(EstimatorBase):
 
     @property
     def cs_ip(self) -> str | None:
-        return getattr(self.config, "cs_ip", None)
+        return self._settings().cs_ip
 
-    def _on_cs(self, use_cs: bool) -> bool:
-        return bool(use_cs) and self.cs_ip is not None
+    def _settings(self) -> CSSettings:
+        """This call's settings: the config and the environment as they are now."""
+        return CSSettings.resolve(self.config)
 
     def _adapt_spec(self, spec: EstimatorSpec, mode: str) -> EstimatorSpec:
         return to_plain_spec(spec, mode)
 
-    def _announce_system(self, what: str) -> None:
+    def _announce_system(self, what: str, settings: CSSettings) -> None:
         _log.info(
             "%s on the simulated CS system %r (embedded in this process; no network connection is made).",
             what,
-            self.cs_ip,
+            settings.cs_ip,
         )
 
     def train(
@@ -91,16 +94,17 @@ class CerebrasEstimator(EstimatorBase):
         use_cs: bool = True,
     ) -> "CerebrasEstimator":
         """Train; on the CS system when a cs_ip is configured and use_cs is True."""
-        if not self._on_cs(use_cs):
+        settings = self._settings()
+        if not (use_cs and settings.on_cs_system):
             return super().train(input_fn, hooks=hooks, steps=steps, max_steps=max_steps,
                                  saving_listeners=saving_listeners)
         problems = rules.run.check_train_call(hooks, steps, max_steps, saving_listeners)
-        problems += rules.config.check_tf_config()
-        self._announce_system("Training")
-        model = precheck(self, input_fn, ModeKeys.TRAIN, problems)
-        compiled = self._program_system(model)
+        problems += rules.config.check_tf_config(settings)
+        self._announce_system("Training", settings)
+        model = precheck(self, input_fn, ModeKeys.TRAIN, problems, settings)
+        compiled = self._program_system(model, settings)
         estimate = compiled.placement.estimated_samples_per_sec if compiled.placement is not None else None
-        train_on_system(self, model, compiled.program, input_fn, steps, max_steps, estimate)
+        train_on_system(self, settings, model, compiled.program, input_fn, steps, max_steps, estimate)
         return self
 
     def evaluate(
@@ -113,15 +117,16 @@ class CerebrasEstimator(EstimatorBase):
         use_cs: bool = False,
     ) -> dict[str, Any]:
         """Evaluate; on the CS system only with use_cs=True (and a cs_ip)."""
-        if not self._on_cs(use_cs):
+        settings = self._settings()
+        if not (use_cs and settings.on_cs_system):
             return super().evaluate(input_fn, steps=steps, hooks=hooks, checkpoint_path=checkpoint_path, name=name)
-        self._announce_system("Evaluating")
+        self._announce_system("Evaluating", settings)
         problems = rules.run.check_evaluate_call(hooks, steps)
-        model = precheck(self, input_fn, ModeKeys.EVAL, problems)
+        model = precheck(self, input_fn, ModeKeys.EVAL, problems, settings)
         assert steps is not None  # check_evaluate_call refused steps=None above
         path = checkpoint_to_evaluate(self.model_dir, checkpoint_path)
-        program = self._program_system(model).program
-        return evaluate_on_system(self, model, program, input_fn, steps, path)
+        program = self._program_system(model, settings).program
+        return evaluate_on_system(self, settings, model, program, input_fn, steps, path)
 
     def predict(
         self,
@@ -143,12 +148,13 @@ class CerebrasEstimator(EstimatorBase):
         """
         if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 1):
             raise ValueError(f"predict(num_samples={num_samples!r}): num_samples must be a positive integer.")
-        if self._on_cs(use_cs):
-            self._announce_system("Predicting")
-            model = precheck(self, input_fn, ModeKeys.PREDICT, rules.run.check_predict_call(hooks))
+        settings = self._settings()
+        if use_cs and settings.on_cs_system:
+            self._announce_system("Predicting", settings)
+            model = precheck(self, input_fn, ModeKeys.PREDICT, rules.run.check_predict_call(hooks), settings)
             path = checkpoint_to_evaluate(self.model_dir, checkpoint_path, "predict")
-            program = self._program_system(model).program
-            batches = predict_on_system(self, model, program, input_fn, path, predict_keys)
+            program = self._program_system(model, settings).program
+            batches = predict_on_system(self, settings, model, program, input_fn, path, predict_keys)
             predictions = _single_examples(batches) if yield_single_examples else batches
         else:
             predictions = super().predict(
@@ -185,29 +191,30 @@ class CerebrasEstimator(EstimatorBase):
         TensorBoard. Returns the CompileResult (program, kernel counts, report,
         placement, reused).
         """
-        return self._compile(precheck(self, input_fn, mode), validate_only)
+        settings = self._settings()
+        return self._compile(precheck(self, input_fn, mode, settings=settings), validate_only, settings)
 
-    def _program_system(self, model: CapturedModel) -> CompileResult:
+    def _program_system(self, model: CapturedModel, settings: CSSettings) -> CompileResult:
         """Compile the model and program the simulated system with it.
 
         Refused (SystemProgrammedError, before anything is compiled or written)
         when this process already programmed the system with another program.
         """
-        cs_ip = self.cs_ip
-        assert cs_ip is not None  # only runs on the CS system get here (_on_cs)
+        cs_ip = settings.cs_ip
+        assert cs_ip is not None  # only runs on the CS system get here (settings.on_cs_system)
         check_system(cs_ip, program_hash(model), model.input.mode, self.model_dir)
-        result = self._compile(model, validate_only=False)
+        result = self._compile(model, validate_only=False, settings=settings)
         program_system(cs_ip, result.graph_hash, model.input.mode, self.model_dir)
         return result
 
-    def _compile(self, model: CapturedModel, validate_only: bool) -> CompileResult:
-        """Compile a prechecked model for this estimator's system (reusing the artifact in compile_dir)."""
+    def _compile(self, model: CapturedModel, validate_only: bool, settings: CSSettings) -> CompileResult:
+        """Compile a prechecked model for the settings' system (reusing the artifact in compile_dir)."""
         result = compile_model(
             model,
             validate_only=validate_only,
             compile_dir=None if validate_only else self.compile_dir,
-            system_name=getattr(self.config, "system_name", None),
-            fabric=getattr(self.config, "fabric", WSE2),
+            system_name=settings.system_name,
+            fabric=settings.fabric,
         )
         _log.info("%s\n%s", "Validated" if validate_only else "Compiled", result.report)
         if result.placement is not None and not result.reused:

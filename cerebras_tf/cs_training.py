@@ -24,6 +24,7 @@ from cerebras_tf.compiler import initial, ir
 from cerebras_tf.errors import InputWorkerError, RunArgumentError, UnsupportedTensorFlowError
 from cerebras_tf.input_workers import InputStream, batch_size
 from cerebras_tf.loss_scaling import STATE_SCOPE as LOSS_SCALE_SCOPE, STATE_VARIABLES
+from cerebras_tf.settings import CSSettings
 from cerebras_tf.tensorboard import EventWriter, scalar_summary
 from cerebras_tf.wse.executor import Executor
 from estimator import CapturedModel, EstimatorBase
@@ -31,22 +32,22 @@ from estimator import CapturedModel, EstimatorBase
 _log = tf.compat.v1.logging
 
 
-def train_on_system(estimator: EstimatorBase, model: CapturedModel, program: ir.Program,
+def train_on_system(estimator: EstimatorBase, settings: CSSettings, model: CapturedModel, program: ir.Program,
                     input_fn: Callable[..., Any], steps: int | None, max_steps: int | None,
                     estimated_samples_per_sec: float | None = None) -> int:
     """Train `model` (prechecked, compiled to `program`) on the simulated WSE; returns the final global step.
 
     Batches come from an InputStream: the chief's own process, or the input
-    workers that CSRunConfig(num_input_workers=N) or TF_CONFIG ask for.
+    workers that CSRunConfig(num_input_workers=N) or TF_CONFIG ask for (as the
+    run's `settings` resolved them).
     `estimated_samples_per_sec` (the compile's placement estimate) is
     summarised beside the measured rate. Training ends at the step target or
     when input_fn's data ends; if the input workers fail, the progress made
     since the last checkpoint is saved before the error is raised.
     """
-    config = estimator.config
-    checkpoints = CheckpointWriter(program, model, estimator.model_dir, config.keep_checkpoint_max)
+    checkpoints = CheckpointWriter(program, model, estimator.model_dir, settings.keep_checkpoint_max)
     values = checkpoints.starting_values(getattr(estimator, "warm_start_settings", None))
-    half = half_dtype_of(config)
+    half = settings.half_dtype
     executor = Executor(program, values, grad_scaler=checkpoints.starting_grad_scaler(half), half_dtype=half)
     first = executor.global_step
     if max_steps is not None:
@@ -58,14 +59,14 @@ def train_on_system(estimator: EstimatorBase, model: CapturedModel, program: ir.
         _log.info("Skipping training since max_steps has already saved (global step %d).", first)
         return first
     with tf.init_scope():  # input_fn runs eagerly, even if train() was called inside a graph
-        stream = InputStream.from_config(input_fn, estimator.params, config)
-    every = max(1, config.log_step_count_steps or 100)
-    save_every = config.save_checkpoints_steps
+        stream = InputStream.from_settings(input_fn, estimator.params, settings.input_workers)
+    every = settings.log_step_count_steps
+    save_every = settings.save_checkpoints_steps
     started, saved = time.perf_counter(), first
     result = summaries = None
     try:
         summaries = TrainingSummaries(estimator.model_dir, stream, estimated_samples_per_sec, program,
-                                      config.save_summary_steps)
+                                      settings.save_summary_steps)
         while executor.global_step < last:
             try:
                 features, labels = next(stream)
@@ -224,12 +225,6 @@ class ModelSummaries:
             self._session.close()
 
 
-def half_dtype_of(config: Any) -> str | None:
-    """The half dtype a run with this config uses: CSRunConfig's (cs_config use_cbfloat16), else None, meaning
-    amp.get_half_dtype() when the Executor is created."""
-    return getattr(config, "half_dtype", None)
-
-
 def grad_scaler_for(program: ir.Program, half_dtype: str | None = None) -> GradScaler | None:
     """The executor's GradScaler: amp.optimizer_step's settings in the program, else dynamic with the
     defaults for `half_dtype` (None: amp's selected half dtype); None when the model does its own loss
@@ -382,14 +377,14 @@ def checkpoint_values(model: CapturedModel, program: ir.Program, path: str) -> d
     return values
 
 
-def evaluate_on_system(estimator: EstimatorBase, model: CapturedModel, program: ir.Program,
+def evaluate_on_system(estimator: EstimatorBase, settings: CSSettings, model: CapturedModel, program: ir.Program,
                        input_fn: Callable[..., Any], steps: int, path: str) -> dict[str, Any]:
     """Run the EVAL program `steps` batches from checkpoint `path`; host_call metrics are computed on the host.
 
     Returns what Estimator.evaluate returns: the host_call metrics, the mean loss and global_step.
     """
     reader = tf.train.load_checkpoint(path)
-    executor = Executor(program, checkpoint_values(model, program, path), half_dtype=half_dtype_of(estimator.config))
+    executor = Executor(program, checkpoint_values(model, program, path), half_dtype=settings.half_dtype)
     global_step = int(reader.get_tensor("global_step")) if reader.has_tensor("global_step") else 0
     host = HostMetrics(program, getattr(model.spec, "host_call", None))
     batches = numpy_batches(input_fn, estimator.params)
@@ -411,7 +406,7 @@ def evaluate_on_system(estimator: EstimatorBase, model: CapturedModel, program: 
     return metrics
 
 
-def predict_on_system(estimator: EstimatorBase, model: CapturedModel, program: ir.Program,
+def predict_on_system(estimator: EstimatorBase, settings: CSSettings, model: CapturedModel, program: ir.Program,
                       input_fn: Callable[..., Any], path: str, predict_keys: list[str] | None) -> Iterator[Any]:
     """Batches of predictions of the PREDICT program from checkpoint `path`, until input_fn's data ends.
 
@@ -425,7 +420,7 @@ def predict_on_system(estimator: EstimatorBase, model: CapturedModel, program: i
     unknown = sorted(set(wanted) - set(keys))
     if unknown:
         raise ValueError(f"predict_keys {unknown} are not among the model's predictions {sorted(keys)}.")
-    executor = Executor(program, checkpoint_values(model, program, path), half_dtype=half_dtype_of(estimator.config))
+    executor = Executor(program, checkpoint_values(model, program, path), half_dtype=settings.half_dtype)
     _log.info("Predicting on the simulated WSE from %s.", path)
     for features, _ in numpy_batches(input_fn, estimator.params):
         outputs = executor.step(features).outputs

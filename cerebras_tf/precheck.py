@@ -6,7 +6,9 @@ from typing import Any, Callable, Sequence
 from cerebras_tf import rules
 from cerebras_tf.amp.target import capturing_for_cs_system
 from cerebras_tf.errors import CerebrasError, raise_problems
+from cerebras_tf.settings import CSSettings
 from estimator import CapturedInput, CapturedModel, EstimatorBase, capture_input, capture_model, inspect_dataset
+
 
 def _estimator_can_call(input_fn: Callable[..., Any]) -> bool:
     """Whether the Estimator can call input_fn at all (to capture it and report every other problem too):
@@ -19,16 +21,19 @@ def precheck(
     input_fn: Callable[..., Any],
     mode: str,
     earlier_problems: Sequence[CerebrasError] = (),
+    settings: CSSettings | None = None,
 ) -> CapturedModel:
     """Capture input_fn + model_fn for `mode` and check them against the CS-system rules.
 
     Raises the single problem found, or a MultipleProblemsError listing all of
     them (`earlier_problems`, e.g. from the call's arguments, come first).
+    `settings` are the run's (default: resolved from estimator.config now).
     Writes nothing to disk.
     """
-    config = estimator.config
+    if settings is None:
+        settings = CSSettings.resolve(estimator.config)
     problems = list(earlier_problems)
-    problems += rules.config.check_run_config(config)
+    problems += rules.config.check_run_config(settings)
     problems += rules.input.check_input_fn_signature(input_fn)
     if not _estimator_can_call(input_fn):
         raise_problems(problems)
@@ -41,23 +46,28 @@ def precheck(
     except Exception:
         # The failure may follow from a rule broken by the input (e.g. sparse features, or an element
         # that is not (features, labels)): report those problems first.
-        raise_problems(problems + _dataset_problems(captured_input, config))
+        raise_problems(problems + _dataset_problems(captured_input, settings))
         raise
     problems += rules.spec.check_spec(model.spec, mode, estimator.user_model_fn)
-    problems += _dataset_problems(captured_input, config)  # after model_fn, so op ids match plain TF
+    problems += _dataset_problems(captured_input, settings)  # after model_fn, so op ids match plain TF
     raise_problems(problems)
     return model
 
 
-def _dataset_problems(captured_input: CapturedInput, config: Any) -> list[CerebrasError]:
-    """The rules on the returned dataset (none if input_fn did not return one)."""
+def _dataset_problems(captured_input: CapturedInput, settings: CSSettings) -> list[CerebrasError]:
+    """The rules on the returned dataset (none if input_fn did not return one).
+
+    The input-worker rules run here, once, on the dataset already captured:
+    the input stream calls input_fn only to read it.
+    """
     if not captured_input.is_dataset:
         return []
     with captured_input.graph.as_default():
-        info = inspect_dataset(captured_input.result, config.session_config)
+        info = inspect_dataset(captured_input.result, settings.session_config)
     return (
         rules.input.check_element_structure(info)
         + rules.input.check_fixed_batch(info)
         + rules.input.check_repeats_forever(info, captured_input.mode)
-        + rules.input.check_shuffle_seeds(info, getattr(config, "num_input_workers", 1))
+        + rules.input.check_shuffle_seeds(info, settings.input_workers)
+        + rules.input.check_remote_python_functions(info, settings.input_workers, captured_input.mode)
     )

@@ -1,12 +1,16 @@
-"""Introspect a tf.data.Dataset built inside a graph: structure, batch, repeat, seeds.
+"""Introspect a tf.data.Dataset: structure, batch, repeat, seeds, the ops its functions run.
 
-Works on the dataset's ops in the graph that `input_fn` built, so every finding
-can name the user's source line that created the op.
+`inspect_dataset` works on the dataset's ops in the graph that `input_fn`
+built, so every finding can name the user's source line that created the op.
+`failing_op_location` finds, in an eagerly built dataset, the user line of an
+op that a TF error names. Both read tf.data internals (the variant tensor's
+ops, the graph's function library, a Dataset's traced functions); this module
+is the only place that does.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Sequence
 
 import tensorflow as tf
 
@@ -48,6 +52,15 @@ class ShuffleSeed(DatasetOp):
 
 
 @dataclasses.dataclass(frozen=True)
+class DatasetFunction:
+    """A function a dataset transformation runs (a map/filter/interleave/generator body), with the op types
+    it uses, those of the functions it calls included."""
+
+    transformation: DatasetOp
+    op_types: frozenset[str]
+
+
+@dataclasses.dataclass(frozen=True)
 class DatasetInfo:
     """What the rules need to know about a dataset."""
 
@@ -57,6 +70,7 @@ class DatasetInfo:
     repeat_ops: tuple[DatasetOp, ...]
     shuffles: tuple[ShuffleSeed, ...]
     source_location: str | None  # where the pipeline's last op was created
+    functions: tuple[DatasetFunction, ...] = ()
 
     @property
     def repeats_forever(self) -> bool:
@@ -97,6 +111,7 @@ def inspect_dataset(dataset: tf.data.Dataset, session_config: Any = None) -> Dat
     with tf.compat.v1.Session(graph=graph, config=session_config) as session:
         values = session.run(fetches)
     describe = lambda op: DatasetOp(op.type, op.name, op_location(op))  # noqa: E731
+    functions = [(op, _called_functions(op.node_def)) for op in ops]
     return DatasetInfo(
         element_spec=dataset.element_spec,
         cardinality=int(values["cardinality"]),
@@ -107,4 +122,82 @@ def inspect_dataset(dataset: tf.data.Dataset, session_config: Any = None) -> Dat
             for op, (seed, seed2) in zip(shuffle_ops, values["seeds"])
         ),
         source_location=op_location(variant.op),
+        functions=tuple(DatasetFunction(describe(op), _function_op_types(graph, names)) for op, names in functions
+                        if names),
     )
+
+
+def _called_functions(node_def: Any) -> list[str]:
+    """Names of the functions a node's attributes name (`f`, `predicate`, `next_func`, ... and lists of them)."""
+    names = []
+    for attr in node_def.attr.values():
+        if attr.HasField("func"):
+            names.append(attr.func.name)
+        elif attr.HasField("list"):
+            names.extend(func.name for func in attr.list.func)
+    return names
+
+
+def _function_op_types(graph: tf.Graph, names: list[str]) -> frozenset[str]:
+    """The op types of the named functions of `graph`'s library and of every function they call."""
+    found: set[str] = set()
+    seen: set[str] = set()
+    stack = list(names)
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        function = graph._get_function(name)
+        definition = getattr(function, "definition", None)
+        if definition is None:
+            continue
+        for node in definition.node_def:
+            found.add(node.op)
+            stack.extend(_called_functions(node))
+    return frozenset(found)
+
+
+def _function_graphs(dataset: tf.data.Dataset) -> list[Any]:
+    """The traced function graphs (map/filter/... functions) of an eager dataset and its inputs."""
+    graphs: list[Any] = []
+    seen: set[int] = set()
+    stack: list[Any] = [dataset]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        for value in list(vars(obj).values()):
+            values = value if isinstance(value, (list, tuple)) else [value]
+            for item in values:
+                if isinstance(item, tf.data.Dataset):
+                    stack.append(item)
+                else:
+                    function = getattr(item, "_function", None)
+                    graph = getattr(function, "graph", None)
+                    if graph is not None and hasattr(graph, "get_operations"):
+                        graphs.append(graph)
+    return graphs
+
+
+def failing_op_location(dataset: tf.data.Dataset, node_names: Sequence[str]) -> str | None:
+    """'file:line' of the user code that created the first of `node_names` (as a TF error names the failing
+    node, e.g. "assert_less/Assert") found in the traced functions of an eagerly built `dataset`, if any."""
+    if not node_names:
+        return None
+    try:
+        graphs = _function_graphs(dataset)
+    except Exception:  # noqa: BLE001 - best effort
+        return None
+    for node in node_names:
+        best = None
+        for graph in graphs:
+            for op in graph.get_operations():
+                matches = node == op.name or node.startswith(op.name + "/")
+                if matches and (best is None or len(op.name) > len(best.name)):
+                    best = op
+        location = op_location(best) if best is not None else None
+        if location:
+            return location
+    return None

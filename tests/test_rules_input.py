@@ -310,3 +310,125 @@ def test_input_workers_from_tf_config_count_for_the_shuffle_rule(
 @pytest.mark.parametrize("workers, seed", [(1, 5), (2, None)])
 def test_seeded_shuffle_with_one_worker_or_unseeded_with_two_is_allowed(make_estimator, make_input_fn, workers, seed):
     make_estimator(num_input_workers=workers).compile(make_input_fn(shuffle_seed=seed), validate_only=True)
+
+
+# --------------------------------------------------------------------------- rules 11-12 on input workers, run once
+
+
+def _xy_input_fn(seed=None, python_function=False):
+    """input_fn(params) over 64 examples shaped for the conftest model; shuffle(seed=seed); a tf.py_function
+    in the pipeline with python_function=True."""
+    def input_fn(params):
+        x = np.arange(64 * 4, dtype=np.float32).reshape(64, 4)
+        ds = tf.data.Dataset.from_tensor_slices((x, np.ones((64, 1), np.float32))).shuffle(64, seed=seed)
+        if python_function:
+            ds = ds.map(lambda f, y: (tf.reshape(tf.py_function(lambda v: v * 2, [f], tf.float32), [4]), y))
+        return ds.batch(4, drop_remainder=True).repeat()
+
+    return input_fn
+
+
+def _no_servers(monkeypatch):
+    from cerebras_tf.input_workers import InputServers
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("servers started before the input-worker rules ran")
+
+    monkeypatch.setattr(InputServers, "embedded", refuse)
+    monkeypatch.setattr(InputServers, "for_cluster", refuse)
+
+
+def test_fixed_shuffle_seed_with_two_workers_is_refused_before_servers_start(make_estimator, monkeypatch):
+    _no_servers(monkeypatch)
+    with pytest.raises(errors.InputFunctionError, match="Deterministic shuffle seed with 2 input workers") as info:
+        make_estimator(num_input_workers=2).train(_xy_input_fn(seed=3), max_steps=1)
+    assert "test_rules_input.py" in str(info.value)  # names the user's shuffle line
+
+
+def test_a_global_seed_with_two_workers_is_refused_too(make_estimator, monkeypatch):
+    """tf.random.set_seed fixes the seeds of the shuffles the input stream builds eagerly."""
+    _no_servers(monkeypatch)
+    tf.random.set_seed(5)
+    try:
+        with pytest.raises(errors.InputFunctionError, match="Deterministic shuffle seed") as info:
+            make_estimator(num_input_workers=2).train(_xy_input_fn(), max_steps=1)
+    finally:
+        tf.random.set_seed(None)
+    assert "global seed 5" in str(info.value)
+    with pytest.raises(errors.InputFunctionError, match="Deterministic shuffle seed"):
+        make_estimator(num_input_workers=2, tf_random_seed=11).train(_xy_input_fn(), max_steps=1)
+
+
+def test_python_functions_are_refused_for_remote_workers(make_estimator, monkeypatch, tf_config):
+    from cerebras_tf.input_workers.service import free_port
+
+    _no_servers(monkeypatch)
+    tf_config.set({"cluster": {"chief": [f"127.0.0.1:{free_port()}"],
+                               "worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]},
+                   "task": {"type": "chief", "index": 0}})
+    estimator = make_estimator()
+    with pytest.raises(errors.InputFunctionError,
+                       match="tf.py_function/tf.numpy_function, which cannot run on remote") as info:
+        estimator.train(_xy_input_fn(python_function=True), max_steps=1)
+    assert "test_rules_input.py" in str(info.value)  # the .map(...) line that runs the Python function
+    # Evaluation reads in the chief's process, and embedded workers share it: allowed.
+    estimator.compile(_xy_input_fn(python_function=True), validate_only=True, mode=ModeKeys.EVAL)
+    tf_config.set()  # a lone chief
+    make_estimator(num_input_workers=2).compile(_xy_input_fn(python_function=True), validate_only=True)
+
+
+def test_a_training_run_with_two_workers_calls_input_fn_twice_capture_and_stream(make_estimator, float32_numerics):
+    """The rules run on the dataset precheck captured: the stream calls input_fn only to read it."""
+    calls = []
+    unseeded = _xy_input_fn()
+
+    def counting_input_fn(params):
+        calls.append(tf.executing_eagerly())
+        return unseeded(params)
+
+    make_estimator(num_input_workers=2, save_checkpoints_steps=None).train(counting_input_fn, max_steps=2)
+    assert calls == [False, True]  # precheck's graph capture, then the stream (eager)
+
+
+def _info(input_fn):
+    from estimator import inspect_dataset
+
+    with tf.Graph().as_default():
+        return inspect_dataset(input_fn({}))
+
+
+def _workers(mode, count, global_seed=None):
+    from cerebras_tf.cluster import Cluster, InputPlan
+    from cerebras_tf.settings import InputWorkerSettings
+
+    return InputWorkerSettings(Cluster("localhost:2222"), InputPlan(mode, count), 120.0, global_seed)
+
+
+def test_the_shuffle_seed_rule_on_a_captured_dataset():
+    from cerebras_tf.rules.input import check_shuffle_seeds
+
+    seeded, unseeded = _info(_xy_input_fn(seed=3)), _info(_xy_input_fn())
+    assert check_shuffle_seeds(seeded, _workers("local", 1)) == []
+    assert check_shuffle_seeds(unseeded, _workers("embedded", 2)) == []
+    [problem] = check_shuffle_seeds(seeded, _workers("embedded", 2))
+    assert "resolved seeds" in problem.message and "test_rules_input.py" in problem.where and problem.fix
+    [problem] = check_shuffle_seeds(unseeded, _workers("cluster", 3, global_seed=7))
+    assert "with 3 input workers" in problem.message and "global seed 7" in problem.message
+
+
+def test_the_python_function_rule_finds_nested_functions_and_applies_to_remote_training_only():
+    from cerebras_tf.rules.input import check_remote_python_functions
+
+    def generator_input_fn(params):
+        def rows():
+            yield from np.ones((8, 4), np.float32)
+
+        ds = tf.data.Dataset.from_generator(rows, output_signature=tf.TensorSpec([4], tf.float32))
+        return ds.batch(4, drop_remainder=True).repeat()
+
+    for info in (_info(_xy_input_fn(python_function=True)), _info(generator_input_fn)):
+        [problem] = check_remote_python_functions(info, _workers("cluster", 2), ModeKeys.TRAIN)
+        assert isinstance(problem, errors.InputFunctionError) and problem.where and problem.fix
+        assert check_remote_python_functions(info, _workers("embedded", 2), ModeKeys.TRAIN) == []
+        assert check_remote_python_functions(info, _workers("cluster", 2), ModeKeys.EVAL) == []
+    assert check_remote_python_functions(_info(_xy_input_fn()), _workers("cluster", 2), ModeKeys.TRAIN) == []

@@ -5,8 +5,10 @@ How it works:
 - input_fn(params) runs once, on the chief, in eager mode; tf.data service ships
   the dataset graph to every worker, and each worker runs the whole pipeline
   (parallel epochs). An unseeded shuffle draws fresh random seeds on every
-  worker, so each worker sends its own order; a fixed seed with more than one
-  worker is refused before any server starts (rules.input.check_shuffle_seeds).
+  worker, so each worker sends its own order. The CS rules on the pipeline
+  (no fixed shuffle seed with several workers, no Python functions for remote
+  workers) are not checked here: precheck applies them, once, to the dataset
+  it captured (rules/input.py), before any server starts.
 - Worker attribution: tf.data service does not say which worker produced an
   element, so each worker tags its elements with its own index. The dataset is
   zipped with `range(N).shard(SHARD_HINT, SHARD_HINT).repeat()`, and the
@@ -26,18 +28,17 @@ How it works:
   (warning naming it; tf.data service keeps reading from the others). When all
   are lost the stream raises InputWorkerError once the buffer is drained
   (tf.data service itself would wait forever). An error raised by the pipeline
-  on a worker arrives as "Failed to get element from worker <address>: ...";
-  the stream raises InputWorkerError naming the worker, the TF error, and
-  the line of the user's input_fn that created the failing op.
+  on a worker arrives as "Failed to get element from worker <address>: ..."
+  (taken apart in failures.py); the stream raises InputWorkerError naming the
+  worker, the TF error, and the line of the user's input_fn that created the
+  failing op (estimator.dataset.failing_op_location).
 """
 from __future__ import annotations
 
 import dataclasses
 import gc
 import logging
-import os
 import queue
-import re
 import threading
 import time
 import warnings
@@ -46,23 +47,20 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.data.experimental.ops import data_service_ops
-from tensorflow.python.eager import context
 
-from cerebras_tf.errors import InputFunctionError, InputWorkerError, InputWorkerWarning, raise_problems
 from cerebras_tf.cluster import Cluster, InputPlan, check_num_input_workers, cluster_from_environ, \
     plan_input_workers
+from cerebras_tf.errors import InputFunctionError, InputWorkerError, InputWorkerWarning
+from cerebras_tf.input_workers.failures import parse_worker_error
 from cerebras_tf.input_workers.service import InputServers, is_listening
-from cerebras_tf.rules.input import check_shuffle_seeds
-from estimator import inspect_dataset
-from estimator.source import function_location, op_location
+from cerebras_tf.settings import InputWorkerSettings
+from estimator.dataset import failing_op_location
+from estimator.source import function_location
 
 log = logging.getLogger("cerebras_tf.input_workers")
 
 Batch = tuple[Any, Any]  # (features, labels or None) as numpy arrays
 
-_PYTHON_OPS = {"PyFunc", "PyFuncStateless", "EagerPyFunc"}
-_WORKER_ERROR = re.compile(r"Failed to get element from worker (\S+?):\s")
-_NODE = re.compile(r"\{\{node ([^}]+)\}\}")
 _LOST_AFTER_FAILED_PROBES = 2
 
 
@@ -121,23 +119,24 @@ class InputStream:
     """Iterate numpy (features, labels) batches of `input_fn(params)`.
 
     Args:
-      input_fn: the user's input function, called with `params` only.
+      input_fn: the user's input function, called once, with `params` only.
       params: the params dict passed to input_fn.
       cluster: the TF_CONFIG cluster; default: parsed from the environment.
       num_input_workers: >1 without TF_CONFIG workers starts that many embedded
         in-process workers; 1/None with no TF_CONFIG workers reads locally.
+      plan: where input runs, already decided (CSSettings' plan); replaces
+        num_input_workers.
       timeout_secs: how long to wait for TF_CONFIG workers to register.
-      tf_random_seed: the graph-level seed the run uses (RunConfig.tf_random_seed),
-        for the deterministic-shuffle rule.
       probe_interval_secs: how often the worker addresses are probed.
-      buffer_size: batches read ahead from tf.data service.
+      buffer_size: batches read ahead (from tf.data service, or locally).
       force_service: use tf.data service even with one embedded worker
         (benchmarks; the default reads a lone worker's data locally).
       servers: already running InputServers to stream through (e.g. kept for
         several train() calls, so TF_CONFIG workers do not see the chief go
         away in between); the stream leaves them running on close().
 
-    Use as a context manager, or call close(): it stops every server it started.
+    A CS training run builds it with `from_settings`. Use as a context manager,
+    or call close(): it stops every server it started.
     """
 
     def __init__(
@@ -147,8 +146,8 @@ class InputStream:
         *,
         cluster: Cluster | None = None,
         num_input_workers: int | None = None,
+        plan: InputPlan | None = None,
         timeout_secs: float = 120.0,
-        tf_random_seed: int | None = None,
         probe_interval_secs: float = 0.5,
         buffer_size: int = 8,
         force_service: bool = False,
@@ -156,8 +155,9 @@ class InputStream:
     ) -> None:
         self._params = dict(params or {})
         self._cluster = cluster if cluster is not None else cluster_from_environ()
-        count = check_num_input_workers(num_input_workers, "InputStream")
-        self.plan: InputPlan = plan_input_workers(self._cluster, count)
+        if plan is None:
+            plan = plan_input_workers(self._cluster, check_num_input_workers(num_input_workers, "InputStream"))
+        self.plan: InputPlan = plan
         if servers is not None:
             self.plan = InputPlan(self.plan.mode if self.plan.mode != "local" else "embedded",
                                   len(servers.cluster.workers))
@@ -176,8 +176,6 @@ class InputStream:
         self._failed_probes: dict[int, int] = {}
         self._started_at: float | None = None
 
-        if self.plan.num_workers > 1:
-            _check_shuffle_seeds(input_fn, self._params, self.plan.num_workers, tf_random_seed)
         dataset = _call_input_fn(input_fn, self._params)
         self._dataset = dataset
 
@@ -185,8 +183,6 @@ class InputStream:
             self._worker_names: tuple[str, ...] = ("chief",)
             self._start_reader((0, element) for element in dataset)
         else:
-            if self.plan.mode == "cluster":
-                _refuse_python_ops(dataset, input_fn)
             if self._servers is None:
                 self._servers = (
                     InputServers.for_cluster(self._cluster, timeout_secs)
@@ -204,14 +200,12 @@ class InputStream:
         self._stats = InputStats(self._worker_names, {name: 0 for name in self._worker_names})
 
     @classmethod
-    def from_config(cls, input_fn: Callable[[Mapping[str, Any]], tf.data.Dataset], params: Mapping[str, Any] | None,
-                    config: Any, environ: Mapping[str, str] = os.environ, **kwargs: Any) -> "InputStream":
-        """The stream a CS run with this CSRunConfig uses (TF_CONFIG from `environ`)."""
-        cluster = cluster_from_environ(environ)
-        explicit = getattr(config, "_num_input_workers", None)
-        kwargs.setdefault("timeout_secs", getattr(config, "input_worker_timeout_secs", 120.0))
-        kwargs.setdefault("tf_random_seed", getattr(config, "tf_random_seed", None))
-        return cls(input_fn, params, cluster=cluster, num_input_workers=explicit, **kwargs)
+    def from_settings(cls, input_fn: Callable[[Mapping[str, Any]], tf.data.Dataset],
+                      params: Mapping[str, Any] | None, settings: InputWorkerSettings,
+                      **kwargs: Any) -> "InputStream":
+        """The stream of a CS training run: the cluster, plan and registration timeout its CSSettings resolved."""
+        kwargs.setdefault("timeout_secs", settings.timeout_secs)
+        return cls(input_fn, params, cluster=settings.cluster, plan=settings.plan, **kwargs)
 
     # -- public API --------------------------------------------------------
 
@@ -381,21 +375,17 @@ class InputStream:
         return item
 
     def _worker_failure(self, failure: _Failure) -> InputWorkerError:
-        text = failure.text
-        match = _WORKER_ERROR.search(text)
+        error = parse_worker_error(failure.text)
         worker = "an input worker"
-        if match and self._servers is not None:
-            address = match.group(1)
+        if error.address is not None and self._servers is not None:
             cluster = self._servers.cluster
-            if address in cluster.workers:
-                worker = f"input worker {cluster.worker_name(cluster.workers.index(address))}"
+            if error.address in cluster.workers:
+                worker = f"input worker {cluster.worker_name(cluster.workers.index(error.address))}"
             else:
-                worker = f"the input worker at {address}"
-            text = text[match.end():]
-        text = re.sub(r"\s*\[Op:IteratorGetNext\].*$", "", text.strip(), flags=re.DOTALL)
-        where = _failing_op_location(self._dataset, text) or function_location(self._input_fn)
+                worker = f"the input worker at {error.address}"
+        where = failing_op_location(self._dataset, error.nodes) or function_location(self._input_fn)
         return InputWorkerError(
-            f"The input pipeline failed on {worker} ({failure.kind}): {text.strip()}",
+            f"The input pipeline failed on {worker} ({failure.kind}): {error.message}",
             where=where,
             fix="Fix the input pipeline at the location above: each worker runs the dataset that input_fn builds "
             "(input_fn itself runs on the chief), so run input_fn locally to reproduce the error.",
@@ -406,6 +396,8 @@ class InputStream:
 
 
 def _call_input_fn(input_fn: Callable[..., Any], params: Mapping[str, Any]) -> tf.data.Dataset:
+    """input_fn(params), which must be a Dataset to be streamed (for a CS run, precheck's
+    rules.input.check_returns_dataset has reported it already, with the other problems)."""
     dataset = input_fn(params)
     if not isinstance(dataset, tf.data.Dataset):
         raise InputFunctionError(
@@ -414,18 +406,6 @@ def _call_input_fn(input_fn: Callable[..., Any], params: Mapping[str, Any]) -> t
             fix=f"It returned {type(dataset).__name__}; build and return a tf.data.Dataset of (features, labels).",
         )
     return dataset
-
-
-def _check_shuffle_seeds(input_fn: Callable[..., Any], params: Mapping[str, Any], num_workers: int,
-                         tf_random_seed: int | None) -> None:
-    """The deterministic-seed rule, on input_fn built in a fresh graph (before any server starts)."""
-    seed = tf_random_seed if tf_random_seed is not None else context.global_seed()
-    with tf.Graph().as_default():
-        if seed is not None:
-            tf.compat.v1.set_random_seed(seed)
-        dataset = _call_input_fn(input_fn, params)
-        info = inspect_dataset(dataset)
-    raise_problems(check_shuffle_seeds(info, num_workers))
 
 
 def _tag_by_worker(dataset: tf.data.Dataset, num_workers: int) -> tf.data.Dataset:
@@ -447,68 +427,3 @@ def batch_size(batch: Batch) -> int:
     (features may be a nest, e.g. the Model Zoo's dict of input_ids, input_mask, ...)."""
     leaves = [leaf for leaf in tf.nest.flatten(batch[0]) if isinstance(leaf, np.ndarray) and leaf.ndim]
     return int(leaves[0].shape[0]) if leaves else 1
-
-
-def _refuse_python_ops(dataset: tf.data.Dataset, input_fn: Callable[..., Any]) -> None:
-    """tf.py_function/numpy_function cannot run on a remote worker: the Python code stays on the chief."""
-    try:
-        serialized = dataset._as_serialized_graph()
-        graph_def = tf.compat.v1.GraphDef.FromString(serialized.numpy())
-    except Exception:  # noqa: BLE001 - best effort; the worker would report it
-        return
-    ops = {node.op for node in graph_def.node}
-    for function in graph_def.library.function:
-        ops.update(node.op for node in function.node_def)
-    if ops & _PYTHON_OPS:
-        raise InputFunctionError(
-            "The dataset uses tf.py_function/tf.numpy_function, which cannot run on remote input workers: "
-            "the Python function exists only in the chief's process.",
-            where=function_location(input_fn),
-            fix="Express the preprocessing with TensorFlow ops, or run without TF_CONFIG workers "
-            "(embedded workers via CSRunConfig(num_input_workers=N) share the chief's process).",
-        )
-
-
-def _function_graphs(dataset: tf.data.Dataset) -> list[Any]:
-    """The traced function graphs (map/filter/... functions) of a dataset and its inputs."""
-    graphs: list[Any] = []
-    seen: set[int] = set()
-    stack: list[Any] = [dataset]
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        for value in list(vars(obj).values()):
-            values = value if isinstance(value, (list, tuple)) else [value]
-            for item in values:
-                if isinstance(item, tf.data.Dataset):
-                    stack.append(item)
-                else:
-                    function = getattr(item, "_function", None)
-                    graph = getattr(function, "graph", None)
-                    if graph is not None and hasattr(graph, "get_operations"):
-                        graphs.append(graph)
-    return graphs
-
-
-def _failing_op_location(dataset: tf.data.Dataset, message: str) -> str | None:
-    """'file:line' of the user code that created the op a TF error message names, if found."""
-    nodes = _NODE.findall(message)
-    if not nodes:
-        return None
-    try:
-        graphs = _function_graphs(dataset)
-    except Exception:  # noqa: BLE001 - best effort
-        return None
-    for node in nodes:
-        best = None
-        for graph in graphs:
-            for op in graph.get_operations():
-                matches = node == op.name or node.startswith(op.name + "/")
-                if matches and (best is None or len(op.name) > len(best.name)):
-                    best = op
-        location = op_location(best) if best is not None else None
-        if location:
-            return location
-    return None

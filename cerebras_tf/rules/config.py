@@ -1,15 +1,16 @@
-"""Rules on RunConfig and the environment of a CS-system run."""
+"""Rules on RunConfig and the environment of a CS-system run.
+
+They read the run's CSSettings (resolved once from the config and TF_CONFIG
+at the start of the run), never the config itself.
+"""
 from __future__ import annotations
 
 import json
-import os
-from typing import Mapping
 
-from cerebras_tf.cluster import parse_tf_config
-from cerebras_tf.cs_config import PIPELINE, WEIGHT_STREAMING
+from cerebras_tf.cs_config import WEIGHT_STREAMING
 from cerebras_tf.errors import CerebrasError, ConfigError
 from cerebras_tf.run_config import DEFAULT_TF_CONFIG
-from estimator import RunConfig, run_config_value
+from cerebras_tf.settings import CSSettings
 
 # RunConfig arguments the CS system does not support (Cerebras documentation,
 # "Limitations of the CerebrasEstimator", Config differences).
@@ -30,16 +31,12 @@ MIN_SAVE_CHECKPOINTS_STEPS = 100
 _VALID_TF_CONFIG = json.dumps(DEFAULT_TF_CONFIG)
 
 
-def _config_location(config: RunConfig) -> str | None:
-    return getattr(config, "created_at", None)
-
-
-def check_run_config(config: RunConfig) -> list[CerebrasError]:
+def check_run_config(settings: CSSettings) -> list[CerebrasError]:
     """Refuse RunConfig settings the CS system does not support."""
     problems: list[CerebrasError] = []
-    where = _config_location(config)
+    where = settings.created_at
     for name in UNSUPPORTED_RUN_CONFIG_ARGS:
-        value = run_config_value(config, name)
+        value = settings.run_config_args.get(name)
         if value is None:
             continue
         fix = f"Remove {name}= from the RunConfig for CS-system runs (it still works on CPU/GPU)."
@@ -54,8 +51,8 @@ def check_run_config(config: RunConfig) -> list[CerebrasError]:
                 f"RunConfig parameter {name}={value!r} is not supported on the CS system.", where=where, fix=fix
             )
         )
-    problems += check_cs_config(config)
-    steps = config.save_checkpoints_steps
+    problems += check_cs_config(settings)
+    steps = settings.save_checkpoints_steps
     if steps is not None and steps < MIN_SAVE_CHECKPOINTS_STEPS:
         problems.append(
             ConfigError(
@@ -69,20 +66,20 @@ def check_run_config(config: RunConfig) -> list[CerebrasError]:
     return problems
 
 
-def check_cs_config(config: RunConfig) -> list[CerebrasError]:
+def check_cs_config(settings: CSSettings) -> list[CerebrasError]:
     """Refuse cs_config settings the simulated CS system cannot do: several systems, weight streaming.
 
     (Fields it ignores were warned about when the CSRunConfig was built; see cerebras_tf/cs_config.py.)
     """
     problems: list[CerebrasError] = []
-    where = _config_location(config)
-    systems = getattr(config, "num_csx", 1)
+    where = settings.created_at
+    systems = settings.num_csx
     if systems > 1:
         problems.append(ConfigError(
             f"cs_config num_csx={systems} asks for {systems} CS systems; the simulated CS system is a single "
             "system (training across several systems is out of scope).",
             where=where, fix="Set num_csx=1 (or leave it out) in cs_config for runs on the simulated CS system."))
-    if getattr(config, "execution_strategy", PIPELINE) == WEIGHT_STREAMING:
+    if settings.execution_strategy == WEIGHT_STREAMING:
         problems.append(ConfigError(
             "cs_config execution_strategy=weight_streaming is not supported: the simulated CS system runs models "
             "in pipelined mode only (weight streaming is out of scope).",
@@ -92,14 +89,16 @@ def check_cs_config(config: RunConfig) -> list[CerebrasError]:
     return problems
 
 
-def check_tf_config(environ: Mapping[str, str] = os.environ) -> list[CerebrasError]:
-    """A CS training run needs a valid TF_CONFIG naming the chief (and any input workers)."""
-    raw = environ.get("TF_CONFIG")
+def check_tf_config(settings: CSSettings) -> list[CerebrasError]:
+    """A CS training run needs a valid TF_CONFIG naming the chief (and any input workers, as many as
+    num_input_workers asks for). CSSettings parsed it once when the run started; this reports what it found."""
     fix = f"export TF_CONFIG='{_VALID_TF_CONFIG}' (or call cerebras_tf.set_default_tf_config() in the run script)."
-    if not raw:
+    if not settings.tf_config:
         return [ConfigError("The TF_CONFIG environment variable must be set for training on the CS system.", fix=fix)]
-    try:
-        parse_tf_config(raw)
-    except ConfigError as exc:  # names the offending field; the fix here shows a whole valid value
-        return [ConfigError(exc.message, fix=f"{fix} With input workers: {exc.fix}")]
-    return []
+    problems: list[CerebrasError] = []
+    error = settings.tf_config_error
+    if error is not None:  # names the offending field; the fix here shows a whole valid value
+        problems.append(ConfigError(error.message, fix=f"{fix} With input workers: {error.fix}"))
+    if settings.input_workers_error is not None:
+        problems.append(settings.input_workers_error)
+    return problems

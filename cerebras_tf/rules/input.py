@@ -1,4 +1,9 @@
-"""Rules on input_fn and the dataset it returns."""
+"""Rules on input_fn and the dataset it returns.
+
+The dataset rules read a DatasetInfo of the dataset precheck captured, so each
+runs once, before anything is compiled or any input-worker server starts;
+those about input workers also read the run's InputWorkerSettings.
+"""
 from __future__ import annotations
 
 import inspect
@@ -7,6 +12,7 @@ from typing import Any, Callable, Mapping
 import tensorflow as tf
 
 from cerebras_tf.errors import CerebrasError, InputFunctionError
+from cerebras_tf.settings import InputWorkerSettings
 from estimator import CapturedInput, DatasetInfo, ModeKeys, is_none_spec
 from estimator.source import function_location
 
@@ -214,19 +220,54 @@ def check_repeats_forever(info: DatasetInfo, mode: str) -> list[CerebrasError]:
     ]
 
 
-def check_shuffle_seeds(info: DatasetInfo, num_input_workers: int) -> list[CerebrasError]:
-    """With several input workers, a deterministic shuffle makes every worker send the same order."""
-    if num_input_workers <= 1:
+def check_shuffle_seeds(info: DatasetInfo, input_workers: InputWorkerSettings) -> list[CerebrasError]:
+    """With several input workers, a deterministic shuffle makes every worker send the same order.
+
+    A shuffle is deterministic with a seed of its own or a graph seed (RunConfig.tf_random_seed, both resolved
+    in the captured graph), or when tf.random.set_seed was called: the input stream runs input_fn eagerly,
+    where that global seed fixes every shuffle's seeds.
+    """
+    workers = input_workers.num_workers
+    if workers <= 1:
+        return []
+    global_seed = input_workers.global_seed
+    return [
+        InputFunctionError(
+            f"Deterministic shuffle seed with {workers} input workers: every worker would send the "
+            f"same samples in the same order ("
+            + (f"resolved seeds {s.seed}, {s.seed2}" if s.deterministic else f"global seed {global_seed}")
+            + "). Each input worker must shuffle its data differently.",
+            where=s.location,
+            fix="Do not provide a deterministic random seed: drop seed= from shuffle() and do not set "
+            "RunConfig(tf_random_seed=...), tf.random.set_seed or tf.compat.v1.set_random_seed for CS-system "
+            "training.",
+        )
+        for s in info.shuffles
+        if s.deterministic or global_seed is not None
+    ]
+
+
+# Ops that call back into the Python interpreter that created them (tf.py_function, tf.numpy_function,
+# tf.compat.v1.py_func, Dataset.from_generator).
+PYTHON_FUNCTION_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
+
+
+def check_remote_python_functions(info: DatasetInfo, input_workers: InputWorkerSettings,
+                                  mode: str) -> list[CerebrasError]:
+    """Training with the TF_CONFIG input workers: no Python functions in the pipeline. tf.data service ships
+    the dataset graph to other machines, where the Python function behind a py_function op does not exist.
+    (Embedded workers share the chief's process, and evaluation/prediction read in the chief's process.)"""
+    if mode != ModeKeys.TRAIN or input_workers.plan.mode != "cluster":
+        return []
+    found = [function for function in info.functions if function.op_types & PYTHON_FUNCTION_OPS]
+    if not found:
         return []
     return [
         InputFunctionError(
-            f"Deterministic shuffle seed with {num_input_workers} input workers: every worker would send the "
-            f"same samples in the same order (resolved seeds {s.seed}, {s.seed2}). Each input worker must "
-            "shuffle its data differently.",
-            where=s.location,
-            fix="Do not provide a deterministic random seed: drop seed= from shuffle() and do not set "
-            "RunConfig(tf_random_seed=...) or tf.compat.v1.set_random_seed for CS-system training.",
+            "The dataset uses tf.py_function/tf.numpy_function, which cannot run on remote input workers: "
+            "the Python function exists only in the chief's process.",
+            where=found[0].transformation.location or info.source_location,
+            fix="Express the preprocessing with TensorFlow ops, or run without TF_CONFIG workers "
+            "(embedded workers via CSRunConfig(num_input_workers=N) share the chief's process).",
         )
-        for s in info.shuffles
-        if s.deterministic
     ]

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import os
+import re
 import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from estimator import inspect_dataset
@@ -68,3 +70,32 @@ def test_function_location_names_the_def_line():
         return params
 
     assert function_location(input_fn) == f"{THIS_FILE}:{_line_of('# marker: def')}"
+
+
+def test_the_functions_a_pipeline_runs_are_listed_with_their_op_types_nested_calls_included():
+    graph = tf.Graph()
+    with graph.as_default():
+        ds = tf.data.Dataset.range(8).map(lambda i: tf.py_function(lambda v: v, [i], tf.int64))  # marker: py map
+        ds = ds.interleave(lambda i: tf.data.Dataset.from_tensors(i).map(lambda j: j * 2))
+        info = inspect_dataset(ds.batch(2))
+    by_type = {function.transformation.type: function for function in info.functions}
+    assert set(by_type) == {"MapDataset", "InterleaveDataset"}
+    assert "EagerPyFunc" in by_type["MapDataset"].op_types
+    assert by_type["MapDataset"].transformation.location == f"{THIS_FILE}:{_line_of('# marker: py map')}"
+    assert {"MapDataset", "Mul"} <= by_type["InterleaveDataset"].op_types  # the map inside the interleave body
+    assert _build().functions == ()
+
+
+def test_a_failing_node_named_by_a_tf_error_is_found_in_an_eager_dataset():
+    from estimator.dataset import failing_op_location
+
+    def check(i):
+        tf.debugging.assert_less(i, tf.constant(4, tf.int64), message="too big")  # marker: failing op
+        return i
+
+    dataset = tf.data.Dataset.range(8).map(check).batch(2)
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        list(dataset)
+    nodes = re.findall(r"\{\{node ([^}]+)\}\}", info.value.message)
+    assert failing_op_location(dataset, nodes) == f"{THIS_FILE}:{_line_of('# marker: failing op')}"
+    assert failing_op_location(dataset, []) is None and failing_op_location(dataset, ["no_such_node"]) is None

@@ -12,6 +12,7 @@ from cerebras_tf.errors import InputFunctionError, InputWorkerError, InputWorker
 from cerebras_tf.input_workers import Cluster, InputServers, InputStream
 from cerebras_tf.input_workers import service
 from cerebras_tf.input_workers.service import is_listening
+from cerebras_tf.settings import CSSettings
 
 BATCH = 4
 
@@ -115,22 +116,6 @@ def test_each_worker_shuffles_differently():
     assert sorted(first) == sorted(second) == list(range(64)) and first != second
 
 
-def test_fixed_shuffle_seed_with_two_workers_is_refused_before_servers_start(monkeypatch):
-    def seeded_input_fn(params):
-        return tf.data.Dataset.range(64).shuffle(64, seed=3).batch(4, drop_remainder=True).repeat()
-
-    def no_servers(*args, **kwargs):
-        raise AssertionError("servers started before the seed rule ran")
-
-    monkeypatch.setattr(InputServers, "embedded", no_servers)
-    with pytest.raises(InputFunctionError, match="Deterministic shuffle seed with 2 input workers") as info:
-        InputStream(seeded_input_fn, {}, cluster=Cluster("localhost:2222"), num_input_workers=2)
-    assert "test_embedded.py" in str(info.value)  # names the user's shuffle line
-    # one worker: the same seed is fine
-    with InputStream(seeded_input_fn, {}, cluster=Cluster("localhost:2222"), num_input_workers=1) as stream:
-        assert next(stream)[0].shape == (4,)
-
-
 def test_input_fn_errors_reach_the_user():
     def broken_input_fn(params):
         raise ValueError("no such data file: /data/train.tfrecord")
@@ -203,38 +188,16 @@ def test_a_cs_run_config_with_two_input_workers_streams_from_two_embedded_worker
     from cerebras_tf import CSRunConfig
 
     config = CSRunConfig(cs_ip="localhost:9000", num_input_workers=2, input_worker_timeout_secs=30)
-    with InputStream.from_config(input_fn, {"batch_size": BATCH}, config, environ={}) as stream:
+    settings = CSSettings.resolve(config, environ={})
+    with InputStream.from_settings(input_fn, {"batch_size": BATCH}, settings.input_workers) as stream:
         assert (stream.plan.mode, len(stream.workers)) == ("embedded", 2)
         assert next(stream)[0].shape == (BATCH, 3)
     with pytest.raises(ValueError, match="input_worker_timeout_secs"):
         CSRunConfig(input_worker_timeout_secs=0)
 
 
-def test_a_global_seed_with_two_workers_is_refused_too(monkeypatch):
-    monkeypatch.setattr(InputServers, "embedded", lambda *a, **k: pytest.fail("servers started"))
-    tf.random.set_seed(5)
-    try:
-        with pytest.raises(InputFunctionError, match="Deterministic shuffle seed"):
-            InputStream(input_fn, {"batch_size": BATCH}, cluster=Cluster("localhost:2222"), num_input_workers=2)
-    finally:
-        tf.random.set_seed(None)
-    with pytest.raises(InputFunctionError, match="Deterministic shuffle seed"):
-        InputStream(input_fn, {"batch_size": BATCH}, cluster=Cluster("localhost:2222"), num_input_workers=2,
-                    tf_random_seed=11)
-
-
 def _two_loopback_workers() -> Cluster:
     return Cluster(f"127.0.0.1:{service.free_port()}", tuple(f"127.0.0.1:{service.free_port()}" for _ in range(2)))
-
-
-def test_python_functions_are_refused_for_remote_workers(monkeypatch):
-    def py_input_fn(params):
-        ds = tf.data.Dataset.range(64).map(lambda i: tf.py_function(lambda x: x * 2, [i], tf.int64))
-        return ds.batch(4, drop_remainder=True).repeat()
-
-    monkeypatch.setattr(InputServers, "for_cluster", lambda *a, **k: pytest.fail("servers started"))
-    with pytest.raises(InputFunctionError, match="tf.py_function/tf.numpy_function, which cannot run on remote"):
-        InputStream(py_input_fn, {}, cluster=_two_loopback_workers())
 
 
 def test_the_chief_names_the_tf_config_workers_that_never_registered():

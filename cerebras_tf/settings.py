@@ -1,0 +1,167 @@
+"""CSSettings: everything a run on the CS system reads from its RunConfig and environment, resolved once.
+
+Why one object: the CS path used to work its settings out where it needed
+them (reads of CSRunConfig fields with plain-RunConfig fallbacks in the
+estimator, the rules, precheck, the training loop and the input stream), so
+the defaults for a plain tf.estimator.RunConfig and the input-worker count were
+decided in several places, not always alike. CerebrasEstimator resolves one
+CSSettings at the start of train/evaluate/predict/compile and passes it down;
+this is the only module that reads the CS fields off a config.
+
+Resolving never raises. A CSRunConfig validated its arguments when it was
+built (ValueError/TypeError, naming the argument); a plain RunConfig has no CS
+fields and gets the defaults (no cs_ip, WSE-2, amp's half dtype, one system,
+pipelined, input read in the chief's process unless TF_CONFIG lists workers).
+A problem with the run's environment, TF_CONFIG that cannot be parsed or that
+lists another number of workers than num_input_workers asks for, is kept here
+and reported by rules.config.check_tf_config with every other problem of a CS
+training run (compile() does not apply that rule, so it does not fail on it).
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import types
+from typing import Any, Mapping
+
+from tensorflow.python.eager import context
+
+from cerebras_tf.cluster import Cluster, InputPlan, parse_tf_config, plan_input_workers
+from cerebras_tf.cs_config import PIPELINE
+from cerebras_tf.errors import ConfigError
+from cerebras_tf.run_config import DEFAULT_INPUT_WORKER_TIMEOUT_SECS, CSRunConfig
+from cerebras_tf.wse.fabric import WSE2, Fabric
+from estimator import RunConfig, run_config_value
+
+# How often the CS training loop logs when RunConfig.log_step_count_steps is None (tf.estimator's default).
+DEFAULT_LOG_STEP_COUNT_STEPS = 100
+
+# The tf.estimator.RunConfig constructor arguments (the rules refuse some of them when they are set).
+_RUN_CONFIG_ARGS = tuple(name for name in inspect.signature(RunConfig.__init__).parameters if name != "self")
+
+
+@dataclasses.dataclass(frozen=True)
+class InputWorkerSettings:
+    """Where a run's input comes from: the chief alone, embedded tf.data service workers, or TF_CONFIG's.
+
+    Attributes:
+      cluster: TF_CONFIG's chief and `worker` tasks when the run started (a lone
+        chief without TF_CONFIG, or when it could not be used).
+      plan: local / embedded (N in-process workers) / cluster (the TF_CONFIG workers),
+        from num_input_workers (or cs_config's num_workers_per_csx) and the cluster.
+      timeout_secs: how long the chief waits for the TF_CONFIG workers to register.
+      global_seed: tf.random.set_seed's seed when the run started, or None. The input
+        stream runs input_fn eagerly, where that seed fixes every shuffle's seeds, so
+        the deterministic-shuffle rule counts it (RunConfig.tf_random_seed is in the
+        captured graph already).
+    """
+
+    cluster: Cluster
+    plan: InputPlan
+    timeout_secs: float
+    global_seed: int | None
+
+    @property
+    def num_workers(self) -> int:
+        return self.plan.num_workers
+
+
+@dataclasses.dataclass(frozen=True)
+class CSSettings:
+    """The settings of one run on the CS system (see the module docstring).
+
+    Attributes:
+      cs_ip: the CS system's address; None means CPU/GPU (the parent Estimator runs).
+      system_name: the target system compiled artifacts are tied to (default the cs_ip).
+      fabric: the wafer the compiler places the model on.
+      half_dtype: "cbfloat16" with cs_config use_cbfloat16=True, else None: amp's half
+        dtype when the executor is created.
+      num_csx, execution_strategy: cs_config's (1, "pipeline" by default); others are
+        refused by rules.config.
+      input_workers: where a training run's input comes from.
+      tf_random_seed: RunConfig.tf_random_seed.
+      save_checkpoints_steps, save_summary_steps, keep_checkpoint_max, session_config:
+        as in the RunConfig.
+      log_step_count_steps: how often the training loop logs (RunConfig's, 100 when None).
+      run_config_args: every tf.estimator.RunConfig argument that is set (not None), by
+        name, read-only; rules.config refuses the ones the CS system does not support.
+      created_at: 'file:line' of the user code that built the CSRunConfig, for errors.
+      tf_config: the TF_CONFIG environment variable when the run started (None: unset).
+      tf_config_error: the ConfigError naming the field of a TF_CONFIG that cannot be parsed.
+      input_workers_error: the ConfigError of a num_input_workers that contradicts the TF_CONFIG
+        workers. With either error, input_workers falls back to a lone chief; rules.config.check_tf_config
+        reports them (None when fine).
+    """
+
+    cs_ip: str | None
+    system_name: str | None
+    fabric: Fabric
+    half_dtype: str | None
+    num_csx: int
+    execution_strategy: str
+    input_workers: InputWorkerSettings
+    tf_random_seed: int | None
+    save_checkpoints_steps: int | None
+    save_summary_steps: int | None
+    log_step_count_steps: int
+    keep_checkpoint_max: int | None
+    session_config: Any
+    run_config_args: Mapping[str, Any]
+    created_at: str | None
+    tf_config: str | None
+    tf_config_error: ConfigError | None
+    input_workers_error: ConfigError | None
+
+    @property
+    def on_cs_system(self) -> bool:
+        """Whether a run with these settings targets the (simulated) CS system: a cs_ip is set."""
+        return self.cs_ip is not None
+
+    @classmethod
+    def resolve(cls, config: RunConfig, environ: Mapping[str, str] = os.environ) -> "CSSettings":
+        """Read `config` (a CSRunConfig, or a plain RunConfig: CS defaults) and TF_CONFIG from `environ` once."""
+        cs = config if isinstance(config, CSRunConfig) else None
+        tf_config = environ.get("TF_CONFIG") or None
+        input_workers, tf_config_error, input_workers_error = _input_workers(cs, tf_config)
+        log_steps = config.log_step_count_steps
+        args = {name: value for name in _RUN_CONFIG_ARGS if (value := run_config_value(config, name)) is not None}
+        return cls(
+            cs_ip=cs.cs_ip if cs else None,
+            system_name=cs.system_name if cs else None,
+            fabric=cs.fabric if cs else WSE2,
+            half_dtype=cs.half_dtype if cs else None,
+            num_csx=cs.num_csx if cs else 1,
+            execution_strategy=cs.execution_strategy if cs else PIPELINE,
+            input_workers=input_workers,
+            tf_random_seed=config.tf_random_seed,
+            save_checkpoints_steps=config.save_checkpoints_steps,
+            save_summary_steps=config.save_summary_steps,
+            log_step_count_steps=max(1, log_steps) if log_steps else DEFAULT_LOG_STEP_COUNT_STEPS,
+            keep_checkpoint_max=config.keep_checkpoint_max,
+            session_config=config.session_config,
+            run_config_args=types.MappingProxyType(args),
+            created_at=cs.created_at if cs else None,
+            tf_config=tf_config,
+            tf_config_error=tf_config_error,
+            input_workers_error=input_workers_error,
+        )
+
+
+def _input_workers(cs: CSRunConfig | None, tf_config: str | None
+                   ) -> tuple[InputWorkerSettings, ConfigError | None, ConfigError | None]:
+    """The input-worker settings, with the TF_CONFIG parse error or the worker-count contradiction that made
+    them fall back to a lone chief (None, None when there is neither)."""
+    requested = cs.requested_input_workers if cs else None
+    timeout = cs.input_worker_timeout_secs if cs else DEFAULT_INPUT_WORKER_TIMEOUT_SECS
+    tf_config_error = input_workers_error = None
+    try:
+        cluster = parse_tf_config(tf_config)
+    except ConfigError as exc:
+        tf_config_error, cluster = exc, parse_tf_config(None)
+    try:
+        plan = plan_input_workers(cluster, requested)
+    except ConfigError as exc:
+        input_workers_error, cluster = exc, parse_tf_config(None)
+        plan = plan_input_workers(cluster, requested)
+    return InputWorkerSettings(cluster, plan, timeout, context.global_seed()), tf_config_error, input_workers_error
