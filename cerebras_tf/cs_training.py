@@ -236,17 +236,6 @@ def grad_scaler_for(program: ir.Program, half_dtype: str | None = None) -> GradS
     return GradScaler.from_config(program.loss_scaling)
 
 
-def numpy_batches(input_fn: Callable[..., Any], params: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
-    """(features, labels) numpy batches from input_fn(params), built eagerly (the input worker's job).
-
-    Features and labels are arrays or nests of them (e.g. a dict of features); an element that is not a
-    tuple is features alone, with labels None (as tf.estimator splits it)."""
-    with tf.init_scope():  # eager, even if called inside a graph
-        dataset = input_fn(params)
-        for element in dataset.as_numpy_iterator():
-            yield (element if isinstance(element, tuple) else (element, None))
-
-
 def warm_start_values(settings: Any, program: ir.Program) -> dict[str, np.ndarray]:
     """Values a tf.estimator.WarmStartSettings selects, with TF's selection rules: a regex matches
     trainable variables, a list of names/prefixes matches any variable; renames via
@@ -381,19 +370,26 @@ def evaluate_on_system(estimator: EstimatorBase, settings: CSSettings, model: Ca
                        input_fn: Callable[..., Any], steps: int, path: str) -> dict[str, Any]:
     """Run the EVAL program `steps` batches from checkpoint `path`; host_call metrics are computed on the host.
 
-    Returns what Estimator.evaluate returns: the host_call metrics, the mean loss and global_step.
+    Batches come from a local InputStream (input_fn in the chief's process);
+    evaluation stops early if the data ends, as tf.estimator's does. Returns
+    what Estimator.evaluate returns: the host_call metrics, the mean loss and
+    global_step.
     """
     reader = tf.train.load_checkpoint(path)
     executor = Executor(program, checkpoint_values(model, program, path), half_dtype=settings.half_dtype)
     global_step = int(reader.get_tensor("global_step")) if reader.has_tensor("global_step") else 0
     host = HostMetrics(program, getattr(model.spec, "host_call", None))
-    batches = numpy_batches(input_fn, estimator.params)
-    losses = []
-    for _ in range(steps):
-        features, labels = next(batches)
-        outputs = executor.step(features, labels).outputs
-        losses.append(float(outputs["loss"]))
-        host.update(outputs)
+    losses: list[float] = []
+    with _local_stream(input_fn, estimator.params) as batches:
+        for _ in range(steps):
+            try:
+                features, labels = next(batches)
+            except StopIteration:
+                _log.info("The input data ended after %d evaluation steps.", len(losses))
+                break
+            outputs = executor.step(features, labels).outputs
+            losses.append(float(outputs["loss"]))
+            host.update(outputs)
     metrics = {**host.result(), "loss": float(np.mean(losses)), "global_step": global_step}
     writer = tf.summary.create_file_writer(os.path.join(estimator.model_dir, "eval"))
     with writer.as_default():
@@ -422,12 +418,20 @@ def predict_on_system(estimator: EstimatorBase, settings: CSSettings, model: Cap
         raise ValueError(f"predict_keys {unknown} are not among the model's predictions {sorted(keys)}.")
     executor = Executor(program, checkpoint_values(model, program, path), half_dtype=settings.half_dtype)
     _log.info("Predicting on the simulated WSE from %s.", path)
-    for features, _ in numpy_batches(input_fn, estimator.params):
-        outputs = executor.step(features).outputs
-        if single:
-            yield outputs["predictions/output"]
-        else:
-            yield {key: outputs[f"predictions/{key}"] for key in wanted}
+    with _local_stream(input_fn, estimator.params) as batches:
+        for features, _ in batches:
+            outputs = executor.step(features).outputs
+            if single:
+                yield outputs["predictions/output"]
+            else:
+                yield {key: outputs[f"predictions/{key}"] for key in wanted}
+
+
+def _local_stream(input_fn: Callable[..., Any], params: dict[str, Any]) -> InputStream:
+    """input_fn's batches read in the chief's process, as evaluation and prediction on the system read them;
+    input_fn runs eagerly, even if the caller is building a graph."""
+    with tf.init_scope():
+        return InputStream.local(input_fn, params)
 
 
 class HostMetrics:

@@ -32,6 +32,8 @@ How it works:
   (taken apart in failures.py); the stream raises InputWorkerError naming the
   worker, the TF error, and the line of the user's input_fn that created the
   failing op (estimator.dataset.failing_op_location).
+- Evaluation and prediction on the system read through the same class in local
+  mode (InputStream.local): input_fn's data in the chief's process, read ahead.
 """
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.data.experimental.ops import data_service_ops
 
-from cerebras_tf.cluster import Cluster, InputPlan, check_num_input_workers, cluster_from_environ, \
+from cerebras_tf.cluster import LOCAL_PLAN, Cluster, InputPlan, check_num_input_workers, cluster_from_environ, \
     plan_input_workers
 from cerebras_tf.errors import InputFunctionError, InputWorkerError, InputWorkerWarning
 from cerebras_tf.input_workers.failures import parse_worker_error
@@ -124,8 +126,8 @@ class InputStream:
       cluster: the TF_CONFIG cluster; default: parsed from the environment.
       num_input_workers: >1 without TF_CONFIG workers starts that many embedded
         in-process workers; 1/None with no TF_CONFIG workers reads locally.
-      plan: where input runs, already decided (CSSettings' plan); replaces
-        num_input_workers.
+      plan: where input runs, already decided (CSSettings' plan, or LOCAL_PLAN);
+        replaces num_input_workers.
       timeout_secs: how long to wait for TF_CONFIG workers to register.
       probe_interval_secs: how often the worker addresses are probed.
       buffer_size: batches read ahead (from tf.data service, or locally).
@@ -135,8 +137,9 @@ class InputStream:
         several train() calls, so TF_CONFIG workers do not see the chief go
         away in between); the stream leaves them running on close().
 
-    A CS training run builds it with `from_settings`. Use as a context manager,
-    or call close(): it stops every server it started.
+    A CS run builds it with `from_settings` (training) or `local` (evaluation,
+    prediction). Use as a context manager, or call close(): it stops every
+    server it started.
     """
 
     def __init__(
@@ -206,6 +209,13 @@ class InputStream:
         """The stream of a CS training run: the cluster, plan and registration timeout its CSSettings resolved."""
         kwargs.setdefault("timeout_secs", settings.timeout_secs)
         return cls(input_fn, params, cluster=settings.cluster, plan=settings.plan, **kwargs)
+
+    @classmethod
+    def local(cls, input_fn: Callable[[Mapping[str, Any]], tf.data.Dataset], params: Mapping[str, Any] | None,
+              **kwargs: Any) -> "InputStream":
+        """input_fn's batches read in this process, whatever TF_CONFIG says (evaluation and prediction on the
+        system read their input in the chief's process)."""
+        return cls(input_fn, params, cluster=Cluster("localhost:2222"), plan=LOCAL_PLAN, **kwargs)
 
     # -- public API --------------------------------------------------------
 

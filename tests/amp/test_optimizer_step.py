@@ -19,6 +19,7 @@ from cerebras_tf import CerebrasEstimator, CSRunConfig, amp, cs_training, set_de
 from cerebras_tf.amp import GradScaler
 from cerebras_tf.compiler import initial, ir
 from cerebras_tf.compiler.driver import program_hash
+from cerebras_tf.input_workers import InputStream
 from cerebras_tf.precheck import precheck
 from cerebras_tf.wse.executor import Executor
 from estimator import ModeKeys
@@ -246,17 +247,17 @@ def test_on_the_system_an_overflow_step_changes_nothing_but_the_step_and_the_sca
     model, program = _compiled(tmp_path, {"scaler": SCALERS["dynamic"]})
     executor = Executor(program, initial.initial_values(model, program),
                         grad_scaler=cs_training.grad_scaler_for(program))
-    batches = cs_training.numpy_batches(_input_fn, {})
     used, after = _expected_scales(SCALERS["dynamic"])
-    for step in range(1, STEPS + 1):
-        before = executor.variables()
-        result = executor.step(*next(batches))
-        now = executor.variables()
-        assert result.finite == PATTERN[step - 1] and result.loss_scale == used[step - 1]
-        assert executor.grad_scaler.scale == after[step - 1]
-        assert executor.global_step == step
-        moved = [n for n in _weights_and_slots(now) if not np.array_equal(now[n], before[n])]
-        assert (moved == []) == (step in OVERFLOW_STEPS)
+    with InputStream.local(_input_fn, {}) as batches:
+        for step in range(1, STEPS + 1):
+            before = executor.variables()
+            result = executor.step(*next(batches))
+            now = executor.variables()
+            assert result.finite == PATTERN[step - 1] and result.loss_scale == used[step - 1]
+            assert executor.grad_scaler.scale == after[step - 1]
+            assert executor.global_step == step
+            moved = [n for n in _weights_and_slots(now) if not np.array_equal(now[n], before[n])]
+            assert (moved == []) == (step in OVERFLOW_STEPS)
 
 
 @pytest.mark.parametrize("name, clip", [("dynamic", {"max_gradient_norm": 0.5}),

@@ -93,3 +93,22 @@ def test_predict_without_a_checkpoint_is_refused_before_anything_is_written(tmp_
     with pytest.raises(RunArgumentError, match=r"predict\(\) on the CS system found no checkpoint"):
         estimator.predict(_predict_input_fn, use_cs=True)
     assert not (tmp_path / "empty").exists() or not os.listdir(tmp_path / "empty")
+
+
+def test_evaluation_on_the_system_reads_in_the_chief_and_stops_when_the_data_ends_as_the_estimator_does(
+        trained_dir, monkeypatch):
+    def finite_eval_input_fn(params):  # 5 batches
+        return tf.data.Dataset.from_tensor_slices((_X, _Y)).batch(8, drop_remainder=True)
+
+    estimator = _estimator(trained_dir)
+    on_cpu = estimator.evaluate(finite_eval_input_fn, steps=100)
+    # TF_CONFIG workers nobody runs: evaluation reads input_fn's data in the chief's process whatever it lists.
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}, '
+                                    '"task": {"type": "chief", "index": 0}}')
+    previous = amp.set_half_dtype("float32")
+    try:
+        on_system = estimator.evaluate(finite_eval_input_fn, steps=100, use_cs=True)
+    finally:
+        amp.set_half_dtype(previous)
+    assert on_system["global_step"] == on_cpu["global_step"] == 30
+    assert on_system["loss"] == pytest.approx(on_cpu["loss"], rel=1e-5)

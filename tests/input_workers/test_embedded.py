@@ -116,6 +116,14 @@ def test_each_worker_shuffles_differently():
     assert sorted(first) == sorted(second) == list(range(64)) and first != second
 
 
+def test_local_mode_reads_in_this_process_whatever_tf_config_lists(monkeypatch):
+    """Evaluation and prediction on the system read through InputStream.local."""
+    monkeypatch.setenv("TF_CONFIG", _two_loopback_workers().tf_config("chief", 0))
+    with InputStream.local(input_fn, {"batch_size": BATCH}) as stream:
+        assert next(stream)[0].shape == (BATCH, 3)
+    assert stream.servers is None and stream.workers == ("chief",) and stream.plan.mode == "local"
+
+
 def test_input_fn_errors_reach_the_user():
     def broken_input_fn(params):
         raise ValueError("no such data file: /data/train.tfrecord")
