@@ -20,10 +20,11 @@ import numpy as np
 import tensorflow as tf
 
 from cerebras_tf.amp import GradScaler
-from cerebras_tf.compiler import initial, ir
+from cerebras_tf import ir
+from cerebras_tf.compiler import initial
 from cerebras_tf.errors import InputWorkerError, RunArgumentError, UnsupportedTensorFlowError
 from cerebras_tf.input_workers import InputStream, batch_size
-from cerebras_tf.loss_scaling import STATE_SCOPE as LOSS_SCALE_SCOPE, STATE_VARIABLES
+from cerebras_tf.amp.tf_loss_scaling import STATE_SCOPE as LOSS_SCALE_SCOPE, STATE_VARIABLES
 from cerebras_tf.settings import CSSettings
 from cerebras_tf.tensorboard import EventWriter, scalar_summary
 from cerebras_tf.wse.executor import Executor

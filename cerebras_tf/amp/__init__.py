@@ -1,4 +1,4 @@
-"""Mixed precision for the simulated WSE (numpy only; never imports TensorFlow).
+"""Mixed precision for the simulated WSE (importing it never imports TensorFlow).
 
 Half dtypes (``float16`` default, ``bfloat16``, ``cbfloat16``; ``"float32"``
 turns half rounding off for parity checks) with
@@ -7,7 +7,8 @@ loss scaling with :class:`GradScaler` (static or dynamic, optional global
 gradient clipping), following the Cerebras ``amp`` contract.
 
 :func:`optimizer_step` (loss scaling from a model_fn, on CPU/GPU and on the
-simulated WSE) needs TensorFlow: it is imported on first use.
+simulated WSE) needs TensorFlow: it lives in ``tf_loss_scaling``, the one
+module here that imports TF, imported on first use.
 """
 from typing import Any
 
@@ -47,7 +48,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "optimizer_step":
-        from cerebras_tf.loss_scaling import optimizer_step  # imports TF
+        from cerebras_tf.amp.tf_loss_scaling import optimizer_step  # imports TF
 
         globals()[name] = optimizer_step
         return optimizer_step

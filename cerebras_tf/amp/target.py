@@ -1,7 +1,7 @@
 """Which target a model_fn is being built for (TF-free): plain TensorFlow, or the CS system.
 
 `cerebras_tf.precheck` captures the model for the CS system inside
-:func:`capturing_for_cs_system`; :func:`cerebras_tf.amp.optimizer_step` (cerebras_tf/loss_scaling.py) then
+:func:`capturing_for_cs_system`; :func:`cerebras_tf.amp.optimizer_step` (cerebras_tf/amp/tf_loss_scaling.py) then
 emits a plain optimizer update and records its loss-scaling settings (as JSON)
 in the graph collection :data:`LOSS_SCALING_COLLECTION`, which the compiler
 copies into ``Program.loss_scaling`` for the executor's GradScaler.

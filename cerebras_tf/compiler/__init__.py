@@ -6,19 +6,19 @@
     result.report         # human-readable report (also report.txt in the artifact)
     result.reused         # True when the artifact in compile_dir was reused
 
-Modules: ir (the IR and its JSON/npz form), fold (static folding), kernels
-(the kernel library), lower (graph -> IR, casts), artifact (compile_dir),
-report (the text report), driver (compile_model), costs (per-layer costs for
-placement, TF-free), initial (variables' initial values, computed by TF).
-Importing this package, `ir` or `costs` does not import TensorFlow: an
-executor can load programs without it.
+Modules: fold (static folding), kernels (TF op types -> the IR's kernel
+kinds), lower (graph -> IR, casts), artifact (compile_dir), report (the text
+report), layout (placement on the fabric), driver (compile_model), initial
+(variables' initial values, computed by TF). The IR itself, its verifier and
+the TF-free passes are the package `cerebras_tf.ir`. Importing this package
+does not import TensorFlow (compile_model does, on first use).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from cerebras_tf.compiler import ir
-from cerebras_tf.compiler.ir import Program
+from cerebras_tf import ir
+from cerebras_tf.ir import Program
 
 __all__ = ["CompileResult", "Program", "compile_model", "ir"]
 

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 import tensorflow as tf
 
-from cerebras_tf.compiler import ir
+from cerebras_tf import ir
 from cerebras_tf.errors import ArtifactSystemMismatchError
 
 MANIFEST_FILE = "manifest.json"
@@ -81,9 +81,13 @@ def load_artifact(directory: str, graph_hash: str, system: dict[str, Any]) -> tu
         if os.path.getsize(path) != meta["size"] or _sha256(path) != meta["sha256"]:
             return None, _corrupt(directory, f"{name} does not match its checksum (truncated or modified)")
     try:
-        return ir.Program.load(directory), "reused"
+        program = ir.Program.load(directory)
     except Exception as exc:  # any unreadable content means rebuild
         return None, _corrupt(directory, f"cannot be loaded ({exc})")
+    try:
+        return program.verify(), "reused"
+    except ir.IRError as exc:  # intact files holding a malformed program (edited by hand, an older bug)
+        return None, _corrupt(directory, f"holds a malformed program ({'; '.join(exc.problems[:3])})")
 
 
 def _corrupt(directory: str, why: str) -> str:

@@ -11,7 +11,8 @@ import time
 
 import tensorflow as tf
 
-from cerebras_tf.compiler import artifact, ir, layout, lower, report
+from cerebras_tf import ir
+from cerebras_tf.compiler import artifact, layout, lower, report
 from cerebras_tf.wse.fabric import Fabric
 from cerebras_tf.wse.placement import PlacementReport
 from estimator import CapturedModel
@@ -24,10 +25,11 @@ PLACEMENT_PICTURE_FILE = "placement.png"
 
 @functools.lru_cache(maxsize=None)
 def compiler_digest() -> str:
-    """Digest of this compiler's source: an artifact from another compiler version is rebuilt."""
+    """Digest of the compiler's and the IR's source: an artifact from another version of either is rebuilt."""
     digest = hashlib.sha256()
-    for path in sorted(pathlib.Path(__file__).parent.glob("*.py")):
-        digest.update(path.read_bytes())
+    for package in (pathlib.Path(__file__).parent, pathlib.Path(ir.__file__).parent):
+        for path in sorted(package.glob("*.py")):
+            digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -83,6 +85,7 @@ def compile_model(model: CapturedModel, *, validate_only: bool = False, compile_
             return CompileResult(program, text, graph_hash, False, True, directory, note,
                                  time.perf_counter() - start, placement)
     program, stats = lower.lower(model, casts=not validate_only)
+    program.verify()  # a malformed program here is a compiler bug: stop before it is written or run
     placement = layout.place_program(program, fabric) if fabric is not None and not validate_only else None
     seconds = time.perf_counter() - start
     text = report.render(program, stats, graph_hash=graph_hash, system=system, seconds=seconds)

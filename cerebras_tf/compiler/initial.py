@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from cerebras_tf.compiler import ir
+from cerebras_tf import ir
 from estimator import CapturedModel
 
 

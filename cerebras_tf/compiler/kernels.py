@@ -5,7 +5,8 @@ useful), the inputs that must be compile-time constants and become attrs
 (axes, shapes, permutations: a data-dependent value there is an error), and
 whether it is a compute kernel (matmul/conv: half-precision inputs, float32
 accumulation). Variables are resource operands of a kernel (Kernel.vars), in
-the TF op's operand order; `WRITES` says which kinds write them.
+the TF op's operand order; `ir.WRITES` says which kinds write them. Kinds and
+their cost categories are the IR's vocabulary (`ir.KINDS`).
 
 Kernel semantics are TensorFlow's for the op type in `Kernel.tf_type`, with
 the static inputs moved to attrs; e.g. kind "matmul" with attrs
@@ -26,6 +27,8 @@ from typing import Any, Mapping
 import numpy as np
 import tensorflow as tf
 
+from cerebras_tf import ir
+
 
 @dataclasses.dataclass(frozen=True)
 class KernelDef:
@@ -33,19 +36,23 @@ class KernelDef:
     attrs: Mapping[str, str] = dataclasses.field(default_factory=dict)  # TF attr -> IR attr name
     static: Mapping[int, str] = dataclasses.field(default_factory=dict)  # input index -> IR attr name
     compute: bool = False  # matmul/conv family: precision casts on float inputs
-    category: str = "elementwise"
+
+    @property
+    def category(self) -> str:
+        """The kind's cost category (the IR vocabulary's)."""
+        return ir.KINDS[self.kind]
 
 
 def _k(kind: str, *attrs: str, static: Mapping[int, str] | None = None, compute: bool = False,
-       category: str = "elementwise", rename: Mapping[str, str] | None = None) -> KernelDef:
+       rename: Mapping[str, str] | None = None) -> KernelDef:
     names = {a: a for a in attrs}
     names.update(rename or {})
-    return KernelDef(kind, names, dict(static or {}), compute, category)
+    return KernelDef(kind, names, dict(static or {}), compute)
 
 
 _CONV_ATTRS = ("strides", "padding", "explicit_paddings", "data_format", "dilations")
 _POOL_ATTRS = ("ksize", "strides", "padding", "data_format")
-_REDUCE: dict[str, Any] = {"static": {1: "axis"}, "category": "reduce"}
+_REDUCE: dict[str, Any] = {"static": {1: "axis"}}
 
 LIBRARY: dict[str, KernelDef] = {
     # element-wise, unary
@@ -70,8 +77,8 @@ LIBRARY: dict[str, KernelDef] = {
     "BiasAdd": _k("bias_add", "data_format"), "BiasAddV1": _k("bias_add"),
     "AddN": _k("add_n"),
     "ClipByValue": _k("clip_by_value"),
-    "Select": KernelDef("select", {}, {}, False, "elementwise"),
-    "SelectV2": KernelDef("select", {}, {}, False, "elementwise"),
+    "Select": KernelDef("select"),
+    "SelectV2": KernelDef("select"),
     # gradients of element-wise ops: (gradient, forward input or output) as in TF
     **{t: _k(name) for t, name in (("ReluGrad", "relu_grad"), ("Relu6Grad", "relu6_grad"),
                                    ("TanhGrad", "tanh_grad"), ("SigmoidGrad", "sigmoid_grad"),
@@ -79,38 +86,37 @@ LIBRARY: dict[str, KernelDef] = {
                                    ("EluGrad", "elu_grad"), ("SeluGrad", "selu_grad"),
                                    ("SoftplusGrad", "softplus_grad"), ("ReciprocalGrad", "reciprocal_grad"))},
     "LeakyReluGrad": _k("leaky_relu_grad", "alpha"),
-    "BiasAddGrad": _k("bias_add_grad", "data_format", category="reduce"),
+    "BiasAddGrad": _k("bias_add_grad", "data_format"),
     # matmul / conv (half inputs, float32 accumulation)
-    "MatMul": _k("matmul", "transpose_a", "transpose_b", compute=True, category="matmul"),
-    "BatchMatMul": _k("batch_matmul", "adj_x", "adj_y", compute=True, category="matmul"),
-    "BatchMatMulV2": _k("batch_matmul", "adj_x", "adj_y", compute=True, category="matmul"),
-    "BatchMatMulV3": _k("batch_matmul", "adj_x", "adj_y", compute=True, category="matmul"),
-    "Conv2D": _k("conv2d", *_CONV_ATTRS, compute=True, category="conv"),
+    "MatMul": _k("matmul", "transpose_a", "transpose_b", compute=True),
+    "BatchMatMul": _k("batch_matmul", "adj_x", "adj_y", compute=True),
+    "BatchMatMulV2": _k("batch_matmul", "adj_x", "adj_y", compute=True),
+    "BatchMatMulV3": _k("batch_matmul", "adj_x", "adj_y", compute=True),
+    "Conv2D": _k("conv2d", *_CONV_ATTRS, compute=True),
     "Conv2DBackpropInput": _k("conv2d_backprop_input", *_CONV_ATTRS, static={0: "input_sizes"},
-                              compute=True, category="conv"),
+                              compute=True),
     "Conv2DBackpropFilter": _k("conv2d_backprop_filter", *_CONV_ATTRS, static={1: "filter_sizes"},
-                               compute=True, category="conv"),
-    "DepthwiseConv2dNative": _k("depthwise_conv2d", *_CONV_ATTRS, compute=True, category="conv"),
+                               compute=True),
+    "DepthwiseConv2dNative": _k("depthwise_conv2d", *_CONV_ATTRS, compute=True),
     "DepthwiseConv2dNativeBackpropInput": _k("depthwise_conv2d_backprop_input", *_CONV_ATTRS,
-                                             static={0: "input_sizes"}, compute=True, category="conv"),
+                                             static={0: "input_sizes"}, compute=True),
     "DepthwiseConv2dNativeBackpropFilter": _k("depthwise_conv2d_backprop_filter", *_CONV_ATTRS,
-                                              static={1: "filter_sizes"}, compute=True, category="conv"),
-    "Einsum": _k("einsum", "equation", compute=True, category="matmul"),
+                                              static={1: "filter_sizes"}, compute=True),
+    "Einsum": _k("einsum", "equation", compute=True),
     # pooling and normalisation
-    "MaxPool": _k("max_pool", *_POOL_ATTRS, category="pool"),
-    "MaxPoolGrad": _k("max_pool_grad", *_POOL_ATTRS, category="pool"),
-    "AvgPool": _k("avg_pool", *_POOL_ATTRS, category="pool"),
-    "AvgPoolGrad": _k("avg_pool_grad", *_POOL_ATTRS, static={0: "orig_input_shape"}, category="pool"),
+    "MaxPool": _k("max_pool", *_POOL_ATTRS),
+    "MaxPoolGrad": _k("max_pool_grad", *_POOL_ATTRS),
+    "AvgPool": _k("avg_pool", *_POOL_ATTRS),
+    "AvgPoolGrad": _k("avg_pool_grad", *_POOL_ATTRS, static={0: "orig_input_shape"}),
     "FusedBatchNormV3": _k("fused_batch_norm", "epsilon", "exponential_avg_factor", "data_format",
-                           "is_training", category="norm"),
-    "FusedBatchNormGradV3": _k("fused_batch_norm_grad", "epsilon", "data_format", "is_training",
-                               category="norm"),
+                           "is_training"),
+    "FusedBatchNormGradV3": _k("fused_batch_norm_grad", "epsilon", "data_format", "is_training"),
     # softmax and losses
-    "Softmax": _k("softmax", category="softmax"),
-    "LogSoftmax": _k("log_softmax", category="softmax"),
-    "SoftmaxCrossEntropyWithLogits": _k("softmax_cross_entropy", category="softmax"),
-    "SparseSoftmaxCrossEntropyWithLogits": _k("sparse_softmax_cross_entropy", category="softmax"),
-    "L2Loss": _k("l2_loss", category="reduce"),
+    "Softmax": _k("softmax"),
+    "LogSoftmax": _k("log_softmax"),
+    "SoftmaxCrossEntropyWithLogits": _k("softmax_cross_entropy"),
+    "SparseSoftmaxCrossEntropyWithLogits": _k("sparse_softmax_cross_entropy"),
+    "L2Loss": _k("l2_loss"),
     # reductions
     "Sum": _k("sum", "keep_dims", **_REDUCE), "Mean": _k("mean", "keep_dims", **_REDUCE),
     "Max": _k("max", "keep_dims", **_REDUCE), "Min": _k("min", "keep_dims", **_REDUCE),
@@ -120,60 +126,50 @@ LIBRARY: dict[str, KernelDef] = {
     "Cumsum": _k("cumsum", "exclusive", "reverse", static={1: "axis"}),
     "MatrixBandPart": _k("band_part", static={1: "num_lower", 2: "num_upper"}),
     # data movement (static shapes, axes and indices in attrs)
-    "Reshape": _k("reshape", static={1: "shape"}, category="data"),
-    "Squeeze": _k("squeeze", "squeeze_dims", rename={"squeeze_dims": "axis"}, category="data"),
-    "ExpandDims": _k("expand_dims", static={1: "axis"}, category="data"),
-    "Transpose": _k("transpose", static={1: "perm"}, category="data"),
-    "ConcatV2": _k("concat", static={-1: "axis"}, category="data"),
-    "Pack": _k("stack", "axis", category="data"),
-    "Unpack": _k("unstack", "axis", "num", category="data"),
-    "Split": _k("split", "num_split", static={0: "axis"}, category="data"),
-    "SplitV": _k("split_v", static={1: "size_splits", 2: "axis"}, category="data"),
-    "Slice": _k("slice", static={1: "begin", 2: "size"}, category="data"),
+    "Reshape": _k("reshape", static={1: "shape"}),
+    "Squeeze": _k("squeeze", "squeeze_dims", rename={"squeeze_dims": "axis"}),
+    "ExpandDims": _k("expand_dims", static={1: "axis"}),
+    "Transpose": _k("transpose", static={1: "perm"}),
+    "ConcatV2": _k("concat", static={-1: "axis"}),
+    "Pack": _k("stack", "axis"),
+    "Unpack": _k("unstack", "axis", "num"),
+    "Split": _k("split", "num_split", static={0: "axis"}),
+    "SplitV": _k("split_v", static={1: "size_splits", 2: "axis"}),
+    "Slice": _k("slice", static={1: "begin", 2: "size"}),
     "StridedSlice": _k("strided_slice", "begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask",
-                       "shrink_axis_mask", static={1: "begin", 2: "end", 3: "strides"}, category="data"),
+                       "shrink_axis_mask", static={1: "begin", 2: "end", 3: "strides"}),
     "StridedSliceGrad": _k("strided_slice_grad", "begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask",
-                           "shrink_axis_mask", static={0: "shape", 1: "begin", 2: "end", 3: "strides"},
-                           category="data"),
-    "Tile": _k("tile", static={1: "multiples"}, category="data"),
-    "Pad": _k("pad", static={1: "paddings"}, category="data"),
-    "PadV2": _k("pad", static={1: "paddings", 2: "constant_value"}, category="data"),
-    "BroadcastTo": _k("broadcast_to", static={1: "shape"}, category="data"),
-    "Fill": _k("fill", static={0: "shape"}, category="data"),
-    "OneHot": _k("one_hot", "axis", static={1: "depth", 2: "on_value", 3: "off_value"}, category="data"),
-    "GatherV2": _k("gather", "batch_dims", static={2: "axis"}, category="data"),
-    "UnsortedSegmentSum": _k("unsorted_segment_sum", static={2: "num_segments"}, category="data"),
-    "Range": _k("range", static={0: "start", 1: "limit", 2: "delta"}, category="data"),
+                           "shrink_axis_mask", static={0: "shape", 1: "begin", 2: "end", 3: "strides"}),
+    "Tile": _k("tile", static={1: "multiples"}),
+    "Pad": _k("pad", static={1: "paddings"}),
+    "PadV2": _k("pad", static={1: "paddings", 2: "constant_value"}),
+    "BroadcastTo": _k("broadcast_to", static={1: "shape"}),
+    "Fill": _k("fill", static={0: "shape"}),
+    "OneHot": _k("one_hot", "axis", static={1: "depth", 2: "on_value", 3: "off_value"}),
+    "GatherV2": _k("gather", "batch_dims", static={2: "axis"}),
+    "UnsortedSegmentSum": _k("unsorted_segment_sum", static={2: "num_segments"}),
+    "Range": _k("range", static={0: "start", 1: "limit", 2: "delta"}),
     # stateful random (reproducible: TF's seed pair)
-    "RandomUniform": _k("random_uniform", "seed", "seed2", "dtype", static={0: "shape"}, category="random"),
-    "RandomStandardNormal": _k("random_normal", "seed", "seed2", "dtype", static={0: "shape"},
-                               category="random"),
-    "TruncatedNormal": _k("truncated_normal", "seed", "seed2", "dtype", static={0: "shape"},
-                          category="random"),
+    "RandomUniform": _k("random_uniform", "seed", "seed2", "dtype", static={0: "shape"}),
+    "RandomStandardNormal": _k("random_normal", "seed", "seed2", "dtype", static={0: "shape"}),
+    "TruncatedNormal": _k("truncated_normal", "seed", "seed2", "dtype", static={0: "shape"}),
     # variables (resource operands are Kernel.vars)
-    "ReadVariableOp": _k("read_variable", category="variable"),
-    "ResourceGather": _k("gather_variable", "batch_dims", category="variable"),
-    "AssignVariableOp": _k("assign_variable", category="variable"),
-    "AssignAddVariableOp": _k("assign_add_variable", category="variable"),
-    "AssignSubVariableOp": _k("assign_sub_variable", category="variable"),
-    "ResourceScatterAdd": _k("scatter_add_variable", category="variable"),
+    "ReadVariableOp": _k("read_variable"),
+    "ResourceGather": _k("gather_variable", "batch_dims"),
+    "AssignVariableOp": _k("assign_variable"),
+    "AssignAddVariableOp": _k("assign_add_variable"),
+    "AssignSubVariableOp": _k("assign_sub_variable"),
+    "ResourceScatterAdd": _k("scatter_add_variable"),
     # optimizer updates (fused, TF semantics)
-    "ResourceApplyGradientDescent": _k("apply_gradient_descent", category="optimizer"),
-    "ResourceApplyMomentum": _k("apply_momentum", "use_nesterov", category="optimizer"),
-    "ResourceApplyKerasMomentum": _k("apply_keras_momentum", "use_nesterov", category="optimizer"),
-    "ResourceSparseApplyMomentum": _k("sparse_apply_momentum", "use_nesterov", category="optimizer"),
-    "ResourceApplyAdam": _k("apply_adam", "use_nesterov", category="optimizer"),
-    "ResourceApplyRMSProp": _k("apply_rms_prop", category="optimizer"),
-    "ResourceApplyAdagrad": _k("apply_adagrad", "update_slots", category="optimizer"),
-    "ResourceApplyAdagradV2": _k("apply_adagrad_v2", "update_slots", category="optimizer"),
+    "ResourceApplyGradientDescent": _k("apply_gradient_descent"),
+    "ResourceApplyMomentum": _k("apply_momentum", "use_nesterov"),
+    "ResourceApplyKerasMomentum": _k("apply_keras_momentum", "use_nesterov"),
+    "ResourceSparseApplyMomentum": _k("sparse_apply_momentum", "use_nesterov"),
+    "ResourceApplyAdam": _k("apply_adam", "use_nesterov"),
+    "ResourceApplyRMSProp": _k("apply_rms_prop"),
+    "ResourceApplyAdagrad": _k("apply_adagrad", "update_slots"),
+    "ResourceApplyAdagradV2": _k("apply_adagrad_v2", "update_slots"),
 }
-
-# Kinds that write their variable operands (all of them).
-WRITES = frozenset({
-    "assign_variable", "assign_add_variable", "assign_sub_variable", "scatter_add_variable",
-    "apply_gradient_descent", "apply_momentum", "apply_keras_momentum", "sparse_apply_momentum", "apply_adam",
-    "apply_rms_prop", "apply_adagrad", "apply_adagrad_v2",
-})
 
 # Output shapes TF leaves unknown that the kernel defines.
 OUTPUT_SHAPES: dict[str, dict[int, list[int]]] = {

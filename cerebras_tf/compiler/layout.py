@@ -1,7 +1,8 @@
 """Place a compiled program on the fabric: IR layer costs -> the pipelined placement model."""
 from __future__ import annotations
 
-from cerebras_tf.compiler import costs, ir
+from cerebras_tf import ir
+from cerebras_tf.ir import costs
 from cerebras_tf.wse.fabric import Fabric
 from cerebras_tf.wse.placement import LayerCost, PlacementReport, place
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import re
 from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -29,7 +28,9 @@ from tensorflow.python.framework import func_graph as func_graph_module
 from tensorflow.python.framework import function_def_to_graph, importer
 
 from cerebras_tf.amp.target import LOSS_SCALING_COLLECTION
-from cerebras_tf.compiler import fold, ir, kernels
+from cerebras_tf import ir
+from cerebras_tf.compiler import fold, kernels
+from cerebras_tf.ir import passes
 from cerebras_tf.errors import (CerebrasError, DynamicShapeError, UnsupportedOpError,
                                 UnsupportedTensorFlowError, raise_problems)
 from estimator import CapturedModel, ModeKeys
@@ -37,7 +38,7 @@ from estimator.source import is_user_file
 
 ALIAS_OPS = frozenset({"Identity", "IdentityN", "StopGradient", "Snapshot", "PreventGradient", "EnsureShape"})
 _ASSERT_OPS = frozenset({"Assert", "PrintV2", "Print"})
-_GRADIENT_SCOPE = re.compile(r"(^|/)gradients(_\d+)?/")
+_GRADIENT_SCOPE = passes.GRADIENT_SCOPE
 _IF_OPS = frozenset({"If", "StatelessIf"})
 _WHILE_OPS = frozenset({"While", "StatelessWhile"})
 
@@ -271,7 +272,6 @@ class _Builder:
         self.arrays: dict[int, np.ndarray] = {}
         self.variables: dict[str, tf.Operation] = {}
         self.problems: list[CerebrasError] = []
-        self.seed_kernels: list[int] = []
         self.folded_ops = 0
         self.aliases_removed = 0
         self.if_converted = 0
@@ -297,15 +297,14 @@ class _Builder:
 
     def kernel(self, kind: str, inputs: list[int], outputs: list[int], attrs: dict[str, Any], *,
                role: str, vars_: list[str] | None = None, tf_op: tf.Operation | None = None,
-               tf_name: str = "", location: str | None = None, category: str = "elementwise",
-               guard: int | None = None) -> ir.Kernel:
+               tf_name: str = "", location: str | None = None, guard: int | None = None) -> ir.Kernel:
         shapes_in = [self.tensors[i].shape for i in inputs]
         shapes_out = [self.tensors[i].shape for i in outputs]
         kernel = ir.Kernel(
             id=len(self.kernels), kind=kind, inputs=inputs, outputs=outputs, attrs=attrs, role=role,
             vars=list(vars_ or []), tf_name=tf_name or (tf_op.name if tf_op is not None else ""),
             tf_type=tf_op.type if tf_op is not None else "", location=location,
-            flops=kernels.estimate_flops(kind, category, shapes_in, shapes_out, attrs), guard=guard)
+            flops=kernels.estimate_flops(kind, ir.KINDS[kind], shapes_in, shapes_out, attrs), guard=guard)
         self.kernels.append(kernel)
         return kernel
 
@@ -440,9 +439,8 @@ class _GraphLowerer:
             shape = fold.static_shape(op.outputs[0])
             assert shape is not None, "a gradient seed is shaped like the loss, a static shape"
             out = self.b.tensor(shape, op.outputs[0].dtype.name, op.outputs[0].name)
-            kernel = self.b.kernel("gradient_seed", [], [out], {"value": 1.0}, role="gradient_seed", tf_op=op,
-                                   location=self._where(op))
-            self.b.seed_kernels.append(kernel.id)
+            self.b.kernel("gradient_seed", [], [out], {"value": 1.0}, role="gradient_seed", tf_op=op,
+                          location=self._where(op))
             self.env[op.outputs[0].name] = out
             return
         if self._folded(op) or op.type == "NoOp":
@@ -492,7 +490,7 @@ class _GraphLowerer:
         if definition.kind == "reshape":
             attrs["shape"] = list(self.b.tensors[outputs[0]].shape)  # -1 resolved
         guard = None
-        if definition.kind in kernels.WRITES:
+        if definition.kind in ir.WRITES:
             role = self._write_role(vars_, role)
             guard = self.guard() if self.guard is not None else None
         if definition.compute:
@@ -501,7 +499,7 @@ class _GraphLowerer:
                 inputs = [self.b.to_half(t, role, self._name(op), where) if self.b.tensors[t].dtype == "float32"
                           else t for t in inputs]
         self.b.kernel(definition.kind, inputs, outputs, attrs, role=role, vars_=vars_, tf_op=op,
-                      tf_name=self._name(op), location=where, category=definition.category, guard=guard)
+                      tf_name=self._name(op), location=where, guard=guard)
         for out, tid in zip(op.outputs, outputs):
             self.env[out.name] = tid
 
@@ -674,48 +672,24 @@ def lower(model: CapturedModel, *, casts: bool = True) -> tuple[ir.Program, dict
     raise_problems(_dedupe(builder.problems))
 
     program_outs = {name: lowerer.operand(tensor) for name, tensor in outputs.items()}
-    dead_kernels = _prune_dead_kernels(builder, set(program_outs.values()))
+    alive = passes.prune_dead_kernels(builder.kernels, set(program_outs.values()))
+    dead_kernels = len(builder.kernels) - len(alive)
+    builder.kernels[:] = alive
+    seeds = [k.id for k in alive if k.kind == "gradient_seed"]
     program = ir.Program(
-        mode=model.input.mode, tensors=builder.tensors, kernels=builder.kernels,
+        mode=model.input.mode, tensors=builder.tensors, kernels=alive,
         variables=_variables(builder, model), inputs=program_inputs, outputs=program_outs,
         host_call=host_call, summaries=summaries,
-        gradient_seed=builder.seed_kernels[0] if builder.seed_kernels else None,
+        gradient_seed=seeds[0] if seeds else None,
         global_step=model.input.global_step.op.name if model.input.global_step is not None else None,
         precision_casts=casts, loss_scaling=loss_scaling(graph), arrays=builder.arrays)
-    program.model_loss_scaling = _guards_trainable_writes(program)
-    program.gradients = _gradient_tensors(program)
-    program.layers = _layers(program)
+    program.model_loss_scaling = passes.guards_trainable_writes(program)
+    program.gradients = passes.gradient_tensors(program)
+    program.layers = passes.layers(program)
     stats = {"tf_ops": len(ops), "folded_ops": builder.folded_ops, "aliases_removed": builder.aliases_removed,
              "assertions_dropped": assertions, "if_converted": builder.if_converted, "dead_kernels": dead_kernels,
-             "precision_casts": sum(1 for k in builder.kernels if k.kind == "to_half")}
+             "precision_casts": sum(1 for k in alive if k.kind == "to_half")}
     return program, stats
-
-
-def _prune_dead_kernels(builder: _Builder, keep: set[int]) -> int:
-    """Drop kernels whose results nothing uses, renumbering the rest; returns how many were dropped.
-
-    TF runs such ops only because gradient tuples group them by control
-    dependency (e.g. the gradient of a MatMul with respect to the input
-    features). A kernel stays if it writes a variable, is a gradient seed, or
-    produces a tensor in `keep` (the program outputs) or read (or used as its
-    guard) by a kept kernel.
-    """
-    live, alive = set(keep), []
-    for kernel in reversed(builder.kernels):
-        if (kernel.kind in kernels.WRITES or kernel.id in builder.seed_kernels
-                or any(t in live for t in kernel.outputs)):
-            alive.append(kernel)
-            live.update(kernel.inputs)
-            if kernel.guard is not None:
-                live.add(kernel.guard)
-    alive.reverse()
-    renumbered = {kernel.id: index for index, kernel in enumerate(alive)}
-    for kernel in alive:
-        kernel.id = renumbered[kernel.id]
-    builder.seed_kernels = [renumbered[k] for k in builder.seed_kernels]
-    dropped = len(builder.kernels) - len(alive)
-    builder.kernels[:] = alive
-    return dropped
 
 
 def _dedupe(problems: list[CerebrasError]) -> list[CerebrasError]:
@@ -735,7 +709,7 @@ def _variables(builder: _Builder, model: CapturedModel) -> list[ir.Variable]:
     writers: dict[str, set[str]] = {}
     fused_slots: dict[str, str] = {}  # fused optimizer kernels: vars = [variable, *its slots]
     for kernel in builder.kernels:
-        if kernel.kind in kernels.WRITES:
+        if kernel.kind in ir.WRITES:
             for name in kernel.vars:
                 writers.setdefault(name, set()).add(kernel.role)
             if kernel.role == "optimizer" and kernel.kind.startswith(("apply_", "sparse_apply_")):
@@ -764,86 +738,3 @@ def _variables(builder: _Builder, model: CapturedModel) -> list[ir.Variable]:
                                      name in trainable, role, slot_of))
     raise_problems(builder.problems)
     return variables
-
-
-def _guards_trainable_writes(program: ir.Program) -> bool:
-    """True when a trainable variable is written under a guard: the model decides itself whether a step
-    updates the weights (TF's loss-scale optimizer: tf.cond(grads are finite, apply, no_op)), so it does
-    its own loss scaling and an executor must not add its own."""
-    trainable = {v.name for v in program.variables if v.trainable}
-    return any(k.guard is not None and k.kind in kernels.WRITES and trainable.intersection(k.vars)
-               for k in program.kernels)
-
-
-def _gradient_tensors(program: ir.Program) -> list[int]:
-    """Float tensors made by backward kernels and read outside them: the gradients an executor unscales
-    (not integer ones, e.g. the indices of an embedding's gradient, which tf.convert_to_tensor densifies)."""
-    floats = {t.id for t in program.tensors if t.dtype == ir.HALF or t.dtype.startswith(("float", "bfloat"))}
-    made_by_backward = {t for k in program.kernels if k.role == "backward" for t in k.outputs if t in floats}
-    used = []
-    for kernel in program.kernels:
-        if kernel.role not in ("backward", "gradient_seed"):
-            used += [t for t in kernel.inputs if t in made_by_backward and t not in used]
-    return used
-
-
-def _layers(program: ir.Program) -> list[ir.Layer]:
-    """Group kernels by user layer: the variable scope of the trainable variables they use or are named in.
-
-    Kernels outside every such scope (activations, pooling, losses, schedules,
-    optimizer bookkeeping) join the layer of their biggest input, else of their
-    first consumer, else of the kernel before them; so every layer owns
-    trainable variables (unless the model has none: then one layer, "program").
-    Layers are ordered by their first forward kernel.
-    """
-    scopes = sorted({v.name.rsplit("/", 1)[0] if "/" in v.name else v.name
-                     for v in program.variables if v.role == "trainable"}, key=len, reverse=True)
-    slot_owner = {v.name: v.slot_of for v in program.variables if v.slot_of}
-    kernels = program.kernels
-    layer_of: list[str | None] = [_scope_layer(k, scopes, slot_owner) for k in kernels]
-    producer = {t: k.id for k in kernels for t in k.outputs}
-    for kernel in kernels:  # forward: the layer of the biggest input
-        if layer_of[kernel.id] is None:
-            known = [t for t in kernel.inputs if t in producer and layer_of[producer[t]] is not None]
-            if known:
-                layer_of[kernel.id] = layer_of[producer[max(known, key=lambda t: program.tensors[t].size)]]
-    consumer_layer: dict[int, str] = {}
-    for kernel in reversed(kernels):  # backward: the layer of the first consumer
-        if layer_of[kernel.id] is None:
-            layer_of[kernel.id] = next((consumer_layer[t] for t in kernel.outputs if t in consumer_layer), None)
-        layer = layer_of[kernel.id]
-        if layer is not None:
-            consumer_layer.update({t: layer for t in kernel.inputs})
-    previous = next((name for name in layer_of if name is not None), "program")
-    placed: list[str] = []
-    for kernel in kernels:  # neighbours in execution order, for what is still unplaced
-        previous = layer_of[kernel.id] or previous
-        placed.append(previous)
-
-    groups: dict[str, ir.Layer] = {}
-    first_forward: dict[str, int] = {}
-    for kernel in kernels:
-        kernel.layer = placed[kernel.id]
-        group = groups.setdefault(kernel.layer, ir.Layer(kernel.layer, [], []))
-        group.kernels.append(kernel.id)
-        if kernel.role == "forward":
-            first_forward.setdefault(kernel.layer, kernel.id)
-        for name in kernel.vars:  # a layer lists the variables it owns (slots are found via slot_of)
-            owner = slot_owner.get(name, name)
-            if owner not in group.variables:
-                group.variables.append(owner)
-    return sorted(groups.values(), key=lambda g: (first_forward.get(g.name, len(kernels)), g.kernels[0]))
-
-
-def _scope_layer(kernel: ir.Kernel, scopes: list[str], slot_owner: dict[str, str]) -> str | None:
-    for name in kernel.vars:
-        owner = slot_owner.get(name, name)
-        for scope in scopes:
-            if owner == scope or owner.startswith(scope + "/"):
-                return scope
-    name = _GRADIENT_SCOPE.sub(r"\1", kernel.tf_name)
-    name = re.sub(r"(^|/)update_", r"\1", name)
-    for scope in scopes:
-        if name.startswith(scope + "/"):
-            return scope
-    return None

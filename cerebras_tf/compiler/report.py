@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Mapping
 
-from cerebras_tf.compiler import ir
+from cerebras_tf import ir
 
 
 def render(program: ir.Program, stats: Mapping[str, Any], *, graph_hash: str, system: Mapping[str, Any],

@@ -5,7 +5,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from cerebras_tf.compiler.ir import host_call_structure
+from cerebras_tf.ir import host_call_structure
 from cerebras_tf.errors import CerebrasError, EvalMetricOpsError, HookError, HostCallError
 from estimator import EstimatorSpec, ModeKeys
 from estimator.source import function_location

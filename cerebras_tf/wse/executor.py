@@ -34,12 +34,10 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from cerebras_tf.amp import FLOAT32_MODE, GradScaler, get_half_dtype, round_to_half
-from cerebras_tf.compiler import ir
+from cerebras_tf import ir
 from cerebras_tf.wse.kernels import KERNELS, KernelContext, np_dtype
 from cerebras_tf.wse.threads import map_elementwise
 
-_UPDATE_ROLES = ("optimizer", "global_step_update")
-_READS_ONLY = ("read_variable", "gather_variable")
 # Kinds whose output may be a view of (or the same array as) an input.
 _MAY_ALIAS = frozenset({"reshape", "squeeze", "expand_dims", "unstack", "split", "split_v", "slice",
                         "strided_slice", "cast", "to_half"})
@@ -91,13 +89,8 @@ class Executor:
             for v in program.variables
         }
         self._constants = {t.id: program.constant_value(t.id) for t in program.tensors if t.const is not None}
-        before = [k for k in program.kernels if k.role not in _UPDATE_ROLES]
-        self._phases = (
-            before,
-            [k for k in program.kernels if k.role == "optimizer"],
-            [k for k in program.kernels if k.role == "global_step_update"],
-        )
-        self._check_phases()
+        program.verify()  # among others: no kernel reads a tensor of a later phase
+        self._phases = ir.phases(program)
         self._keep = set(program.outputs.values()) | set(program.gradients)
         self._last_use = self._last_uses()
         self._shared_reads = self._reads_without_copy()
@@ -173,9 +166,9 @@ class Executor:
             else:
                 fn = KERNELS[kernel.kind]
             ctx = KernelContext(variables=[self._variables[name] for name in kernel.vars], salt=kernel.id)
-            frees = list(dict.fromkeys(t for t in _reads(kernel)
+            frees = list(dict.fromkeys(t for t in kernel.reads
                                        if self._last_use.get(t) == kernel.id and t not in self._keep))
-            writes = bool(kernel.vars) and kernel.kind not in _READS_ONLY
+            writes = bool(kernel.vars) and kernel.kind not in ir.READS_VARIABLES
             planned.append(_Planned(kernel, fn, ctx, frees, writes))
         return planned
 
@@ -210,12 +203,12 @@ class Executor:
         position = {k.id: i for i, k in enumerate(order)}
         writes: dict[str, list[int]] = {}
         for k in order:
-            if k.kind not in _READS_ONLY:  # conservatively: every other kernel with variables writes them all
+            if k.kind not in ir.READS_VARIABLES:  # conservatively: every other kernel with variables writes them all
                 for name in k.vars:
                     writes.setdefault(name, []).append(position[k.id])
         consumers: dict[int, list[int]] = {}
         for k in order:
-            for t in _reads(k):
+            for t in k.reads:
                 consumers.setdefault(t, []).append(position[k.id])
         aliases: dict[int, list[int]] = {}  # tensor -> outputs that may view it
         for k in order:
@@ -248,30 +241,12 @@ class Executor:
         values.update(zip(ids, result.grads))
         return bool(result.finite)
 
-    def _check_phases(self) -> None:
-        phase_of = {t: index for index, kernels in enumerate(self._phases) for k in kernels for t in k.outputs}
-        for index, kernels in enumerate(self._phases):
-            for kernel in kernels:
-                later = [t for t in _reads(kernel) if phase_of.get(t, index) > index]
-                if later:
-                    producer = "an optimizer kernel" if phase_of[later[0]] == 1 else "the global-step update"
-                    raise ValueError(f"kernel {kernel.id} ({kernel.kind}, role {kernel.role}) reads tensor {later[0]} "
-                                     f"produced by {producer}, which runs after it: the program cannot be split "
-                                     "for loss scaling")
-        missing = set(self.program.gradients) - {t for k in self._phases[0] for t in k.outputs}
-        if self._phases[1] and missing:
-            raise ValueError(f"gradient tensors {sorted(missing)} are not computed before the optimizer kernels")
-
     def _last_uses(self) -> dict[int, int]:
         last: dict[int, int] = {}
         for kernels in self._phases:
             for kernel in kernels:
-                for tid in _reads(kernel):
+                for tid in kernel.reads:
                     last[tid] = kernel.id
         return last
 
-
-def _reads(kernel: ir.Kernel) -> list[int]:
-    """The tensors a kernel reads: its inputs and its guard."""
-    return kernel.inputs if kernel.guard is None else [*kernel.inputs, kernel.guard]
 

@@ -17,7 +17,8 @@ from benchmarks.summaries import read_scalars
 import cerebras_tf
 from cerebras_tf import CerebrasEstimator, CSRunConfig, amp, cs_training, set_default_tf_config
 from cerebras_tf.amp import GradScaler
-from cerebras_tf.compiler import initial, ir
+from cerebras_tf import ir
+from cerebras_tf.compiler import initial
 from cerebras_tf.compiler.driver import program_hash
 from cerebras_tf.input_workers import InputStream
 from cerebras_tf.precheck import precheck

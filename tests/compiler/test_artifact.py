@@ -8,7 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from cerebras_tf.compiler import artifact, ir
+from cerebras_tf import ir
+from cerebras_tf.compiler import artifact
 from cerebras_tf.errors import ArtifactSystemMismatchError
 from cerebras_tf.wse.fabric import WSE2
 from examples.zoo import mlp
@@ -85,6 +86,21 @@ def test_corrupt_artifact_is_detected_logged_and_rebuilt(zoo_estimator, tmp_path
     assert rebuilt.program == first.program
     again = zoo_estimator("mlp", compile_dir=str(compile_dir)).compile(mlp.input_fn)
     assert again.reused  # the rebuilt artifact is intact
+
+
+def test_an_intact_artifact_holding_a_malformed_program_is_rebuilt(zoo_estimator, tmp_path, caplog):
+    compile_dir = tmp_path / "compile"
+    first = zoo_estimator("mlp", compile_dir=str(compile_dir)).compile(mlp.input_fn)
+    directory = str(compile_dir / "train")
+    manifest = json.loads((compile_dir / "train" / artifact.MANIFEST_FILE).read_text())
+    broken = ir.Program.load(directory)
+    broken.kernels[0], broken.kernels[1] = broken.kernels[1], broken.kernels[0]  # checksums will match
+    artifact.write_artifact(directory, broken, first.report, first.graph_hash, manifest["system"])
+
+    with caplog.at_level(logging.WARNING):
+        rebuilt = zoo_estimator("mlp", compile_dir=str(compile_dir)).compile(mlp.input_fn)
+    assert not rebuilt.reused and "malformed program" in rebuilt.note and "kernel at index 0" in rebuilt.note
+    assert rebuilt.program == first.program
 
 
 def test_loading_never_unpickles(tmp_path):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from cerebras_tf.compiler.costs import layer_costs
+from cerebras_tf.ir.costs import layer_costs
 from cerebras_tf.wse.placement import LayerCost
 from examples.zoo import mlp
 

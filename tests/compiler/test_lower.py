@@ -1,7 +1,7 @@
 """Lowering details: what the program keeps."""
 from __future__ import annotations
 
-from cerebras_tf.compiler.kernels import WRITES
+from cerebras_tf.ir import WRITES
 from examples.zoo import mlp
 
 

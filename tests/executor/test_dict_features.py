@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import cerebras_tf
 from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, cs_training, set_default_tf_config
-from cerebras_tf.compiler import ir
+from cerebras_tf import ir
 from benchmarks.summaries import read_scalars
 from cerebras_tf.wse.executor import Executor
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from cerebras_tf.amp import GradScaler
-from cerebras_tf.compiler import ir
+from cerebras_tf import ir
 from cerebras_tf.wse.executor import Executor
 
 
@@ -62,7 +62,8 @@ def _scaled_program() -> ir.Program:
     ]
     return ir.Program(mode="train", tensors=tensors, kernels=kernels,
                       variables=[ir.Variable("v", [], "float32", True, "trainable")], inputs={"features": 0},
-                      outputs={"loss": 2, "host_call/0": 5}, gradient_seed=2, gradients=[4])
+                      outputs={"loss": 2, "host_call/0": 5}, host_call={"args": [{"tensor": "host_call/0"}]},
+                      gradient_seed=2, gradients=[4])
 
 
 def test_a_non_finite_step_skips_only_the_writes_and_every_output_exists():

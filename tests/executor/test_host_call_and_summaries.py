@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, set_default_tf_config
-from cerebras_tf.compiler import ir
+from cerebras_tf import ir
 from cerebras_tf.errors import CerebrasError, HostCallError, MultipleProblemsError
 from benchmarks.summaries import read_scalars
 from estimator.source import function_location

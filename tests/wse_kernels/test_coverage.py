@@ -5,7 +5,8 @@ import os
 import subprocess
 import sys
 
-from cerebras_tf.compiler.kernels import LIBRARY, WRITES
+from cerebras_tf.compiler.kernels import LIBRARY
+from cerebras_tf.ir import WRITES
 from cerebras_tf.wse.kernels import KERNELS, run_kernel
 
 

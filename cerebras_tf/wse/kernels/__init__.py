@@ -1,11 +1,11 @@
-"""numpy implementations of every WSE kernel kind (cerebras_tf.compiler.kernels.LIBRARY).
+"""numpy implementations of every WSE kernel kind (the IR's vocabulary, cerebras_tf.ir.KINDS).
 
 `KERNELS` maps a kind to a `KernelFn(inputs, attrs, ctx) -> outputs`;
 `run_kernel` is the convenient entry point. Semantics are TensorFlow's for the
 kernel's TF op type with static inputs moved to attrs. Variable-writing kinds
 (assign_*, scatter_add_variable, apply_*) update `variables` in place and
-return []. Never imports TensorFlow. The IR's "gradient_seed" kernel (not a
-LIBRARY kind) is left to the executor.
+return []. Never imports TensorFlow. The kinds "gradient_seed" and "to_half"
+(inserted by the compiler) are left to the executor, which scales and rounds.
 
 Modules: elementwise, elementwise_grad, linalg (matmul/conv), pool, norm,
 softmax, reduce, data, random, variables (incl. optimizers).

@@ -16,7 +16,7 @@ to TensorFlow objects. Conventions:
 - A kernel reads its `inputs` (tensor ids) and the variables named in `vars`
   (resource operands, in the TF op's operand order, e.g. apply_adam: [var, m, v]),
   and produces `outputs`. Variable writes happen in place, in kernel order.
-- `role` is one of ROLES; the gradient seed is a kernel of its own (kind
+- `kind` is one of vocabulary.KINDS, `role` one of vocabulary.ROLES; the gradient seed is a kernel of its own (kind
   "gradient_seed", a splat of ones shaped like the loss) so an executor can
   scale it (loss scaling) and unscale the tensors in `Program.gradients`.
 - A kernel with `guard` set (the id of a scalar bool tensor, computed by an
@@ -29,25 +29,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
+from cerebras_tf.ir.vocabulary import HALF
+
 IR_VERSION = 1
-
-# forward: the model and anything not below; gradient_seed: d(loss)/d(loss);
-# backward: gradient computation; optimizer: everything downstream of the
-# gradients (clipping, learning-rate use, slot and weight updates);
-# state_update: variable writes independent of gradients (batch-norm moving
-# averages); global_step_update: the step counter increment.
-ROLES = ("forward", "gradient_seed", "backward", "optimizer", "state_update", "global_step_update")
-
-# Variable roles. optimizer_state: written by the optimizer (slots, Adam's beta powers,
-# Keras' iteration count); state: any other non-trainable variable (batch-norm
-# moving averages, hyperparameters held in variables).
-VARIABLE_ROLES = ("trainable", "optimizer_state", "state", "global_step")
-
-HALF = "half"
 
 
 @dataclasses.dataclass
@@ -86,6 +74,11 @@ class Kernel:
     flops: int = 0  # estimated per step (whole batch)
     guard: int | None = None  # scalar bool tensor id: run only when it is True (writes in tf.cond branches)
 
+    @property
+    def reads(self) -> list[int]:
+        """The tensors this kernel reads: its inputs and its guard."""
+        return self.inputs if self.guard is None else [*self.inputs, self.guard]
+
 
 @dataclasses.dataclass
 class Variable:
@@ -93,7 +86,7 @@ class Variable:
     shape: list[int]
     dtype: str
     trainable: bool
-    role: str  # one of VARIABLE_ROLES
+    role: str  # one of vocabulary.VARIABLE_ROLES
     slot_of: str | None = None  # for optimizer slots: the trainable variable
 
     @property
@@ -154,6 +147,13 @@ class Program:
     def optimizer_kernels(self) -> list[Kernel]:
         return [k for k in self.kernels if k.role == "optimizer"]
 
+    def verify(self) -> "Program":
+        """Check the program is well-formed (see `ir.verify`); returns it, raises IRError listing every problem."""
+        from cerebras_tf.ir.verify import verify
+
+        verify(self)
+        return self
+
     def kernel_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for kernel in self.kernels:
@@ -196,91 +196,6 @@ class Program:
             arrays = {int(key[1:]): npz[key] for key in npz.files}
         with open(os.path.join(directory, PROGRAM_FILE), encoding="utf-8") as f:
             return cls.from_json(f.read(), arrays)
-
-
-def input_leaves(name: str, value: Any) -> dict[str, Any]:
-    """The leaves of one side of a batch (name "features" or "labels"), keyed as `Program.inputs` is.
-
-    `name` for a single tensor; name/<key> for dict entries (keys in sorted order, as tf.nest
-    flattens them); name/<i> for tuple/list entries; nested levels joined with "/". None (no
-    labels) has no leaves. A pure walk of the Python structure: the compiler calls it on TF tensors,
-    the executor on numpy arrays, so both sides agree on the keys.
-    """
-    if value is None:
-        return {}
-    if isinstance(value, Mapping):
-        items = [(str(key), value[key]) for key in sorted(value)]
-    elif isinstance(value, (tuple, list)):
-        items = [(str(index), item) for index, item in enumerate(value)]
-    else:
-        return {name: value}
-    return {key: leaf for child, item in items for key, leaf in input_leaves(f"{name}/{child}", item).items()}
-
-
-# ---- host_call's arguments --------------------------------------------------------------
-HOST_CALL_PREFIX = "host_call"
-SUMMARY_PREFIX = "summary"
-# The summary kinds computed on the wafer as outputs "summary/<tag>" and written by the host.
-HOST_SUMMARY_KINDS = ("scalar", "histogram")
-
-
-def host_call_structure(tensors: Any, is_tensor: Any) -> tuple[dict[str, Any], dict[str, Any], list[tuple[str, Any]]]:
-    """Describe host_call's `tensors` (a list/tuple: fn's positional arguments, a dict: its keyword arguments).
-
-    Inside them lists, tuples and dicts (str keys) nest freely; a leaf is a
-    tensor (`is_tensor(leaf)`) or None. Returns (structure, leaves, bad):
-    `structure` is JSON-able, {"args": [node...]} or {"kwargs": [[name, node]...]}
-    where a node is None, {"tensor": key}, {"list"|"tuple": [node...]} or
-    {"dict": [[key, node]...]} (dict order kept); `leaves` maps each output key
-    ("host_call/<i>/<j>...", "host_call/<name>/<key>...") to its tensor; `bad`
-    lists (key, item) for anything else (other leaves, non-str dict keys,
-    namedtuples, sets; or `tensors` itself not a list/tuple/dict, key "host_call").
-    """
-    leaves: dict[str, Any] = {}
-    bad: list[tuple[str, Any]] = []
-
-    def node(item: Any, path: str) -> Any:
-        if item is None:
-            return None
-        if is_tensor(item):
-            if path in leaves:
-                bad.append((path, item))  # two dict keys spelled the same path ("a/b" and "a" -> "b")
-            leaves[path] = item
-            return {"tensor": path}
-        if isinstance(item, dict) and all(isinstance(k, str) for k in item):
-            return {"dict": [[k, node(v, f"{path}/{k}")] for k, v in item.items()]}
-        if isinstance(item, (list, tuple)) and not hasattr(item, "_fields"):
-            kind = "list" if isinstance(item, list) else "tuple"
-            return {kind: [node(v, f"{path}/{i}") for i, v in enumerate(item)]}
-        bad.append((path, item))
-        return None
-
-    if isinstance(tensors, dict) and all(isinstance(k, str) for k in tensors):
-        structure = {"kwargs": [[k, node(v, f"{HOST_CALL_PREFIX}/{k}")] for k, v in tensors.items()]}
-    elif isinstance(tensors, (list, tuple)) and not hasattr(tensors, "_fields"):
-        structure = {"args": [node(v, f"{HOST_CALL_PREFIX}/{i}") for i, v in enumerate(tensors)]}
-    else:
-        bad.append((HOST_CALL_PREFIX, tensors))
-        structure = {"args": []}
-    return structure, leaves, bad
-
-
-def host_call_arguments(structure: dict[str, Any], value_of: Any) -> tuple[list[Any], dict[str, Any]]:
-    """(args, kwargs) for host_call's fn: `structure` rebuilt with `value_of(key)` at each tensor leaf."""
-
-    def build(node: Any) -> Any:
-        if node is None:
-            return None
-        if "tensor" in node:
-            return value_of(node["tensor"])
-        if "dict" in node:
-            return {k: build(v) for k, v in node["dict"]}
-        items = [build(v) for v in node.get("list", node.get("tuple"))]
-        return items if "list" in node else tuple(items)
-
-    if "kwargs" in structure:
-        return [], {k: build(v) for k, v in structure["kwargs"]}
-    return [build(v) for v in structure["args"]], {}
 
 
 PROGRAM_FILE = "program.json"

@@ -10,32 +10,31 @@ from typing import Any
 
 import numpy as np
 
-from cerebras_tf.compiler import ir
+from cerebras_tf.ir.program import Kernel, Program, Tensor
+from cerebras_tf.ir.vocabulary import HALF, UPDATE_ROLES
 
-_UPDATE_ROLES = ("optimizer", "state_update", "global_step_update")
 
-
-def tensor_bytes(tensor: ir.Tensor) -> int:
-    itemsize = 2 if tensor.dtype == ir.HALF else np.dtype(tensor.dtype).itemsize
+def tensor_bytes(tensor: Tensor) -> int:
+    itemsize = 2 if tensor.dtype == HALF else np.dtype(tensor.dtype).itemsize
     return tensor.size * itemsize
 
 
-def _sent_bytes(tensor: ir.Tensor, receivers: list[ir.Kernel]) -> int:
+def _sent_bytes(tensor: Tensor, receivers: list[Kernel]) -> int:
     """Bytes of `tensor` crossing to other layers: half width when every receiver only casts it to half
     (the cast then runs in the sending layer, as the WSE's activations travel in half precision)."""
-    if tensor.dtype != ir.HALF and all(kernel.kind == "to_half" for kernel in receivers):
+    if tensor.dtype != HALF and all(kernel.kind == "to_half" for kernel in receivers):
         return tensor.size * 2
     return tensor_bytes(tensor)
 
 
-def layer_costs(program: ir.Program) -> list[dict[str, Any]]:
+def layer_costs(program: Program) -> list[dict[str, Any]]:
     """name, flops_fwd/bwd/update, weight/optimizer-state bytes, activation/output bytes (per sample)."""
     features = [tid for key, tid in program.inputs.items() if key.split("/", 1)[0] == "features"]
     shape = program.tensors[features[0]].shape if features else []
     batch = max(int(shape[0]), 1) if shape else 1
     variables = {v.name: v for v in program.variables}
     layer_of = {k.id: k.layer for k in program.kernels}
-    consumers: dict[int, list[ir.Kernel]] = {}
+    consumers: dict[int, list[Kernel]] = {}
     for kernel in program.kernels:
         for tid in kernel.inputs:
             consumers.setdefault(tid, []).append(kernel)
@@ -46,7 +45,7 @@ def layer_costs(program: ir.Program) -> list[dict[str, Any]]:
         flops = {"forward": 0, "backward": 0, "update": 0}
         kept = sent = 0
         for kernel in kernels:
-            bucket = "update" if kernel.role in _UPDATE_ROLES else (
+            bucket = "update" if kernel.role in UPDATE_ROLES else (
                 "backward" if kernel.role in ("backward", "gradient_seed") else "forward")
             flops[bucket] += kernel.flops
             if kernel.role != "forward":

@@ -1,8 +1,8 @@
 """The TensorFlow side of amp: ``optimizer_step``, loss scaling controlled from a model_fn.
 
 Public as ``cerebras_tf.amp.optimizer_step``, which imports this module on
-first use: ``cerebras_tf.amp`` itself stays numpy-only (design: amp never
-imports TensorFlow), and the numpy GradScaler stays the single specification.
+first use: importing ``cerebras_tf.amp`` stays numpy-only (the executor uses
+it without TensorFlow), and the numpy GradScaler stays the single specification.
 """
 from __future__ import annotations
 
