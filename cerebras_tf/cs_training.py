@@ -3,8 +3,10 @@
 Given the compiled program: variables (and the loss-scale state) from the
 latest checkpoint in model_dir, else TF's initial values -> for each step pull
 one numpy batch from the input stream (the chief or its input workers), run it
-on the Executor (dynamic loss scaling), log like the Estimator, write
-summaries -> at save_checkpoints_steps and at the end write a standard TF
+on the Executor (dynamic loss scaling; a NaN loss, or steps that keep
+overflowing at the minimum loss scale, stop the run with the Estimator's
+NaN-loss error before the step is saved: divergence.py), log like the
+Estimator, write summaries -> at save_checkpoints_steps and at the end write a standard TF
 checkpoint of every variable, which plain
 tf.estimator.Estimator.evaluate/predict/export_saved_model read. Evaluation
 and prediction run their programs from a checkpoint the same way.
@@ -22,12 +24,14 @@ import tensorflow as tf
 from cerebras_tf.amp import GradScaler
 from cerebras_tf import ir
 from cerebras_tf.compiler import initial
+from cerebras_tf.divergence import DivergenceGuard
 from cerebras_tf.errors import InputWorkerError, RunArgumentError, UnsupportedTensorFlowError
 from cerebras_tf.input_workers import InputStream, batch_size
 from cerebras_tf.amp.tf_loss_scaling import STATE_SCOPE as LOSS_SCALE_SCOPE, STATE_VARIABLES
 from cerebras_tf.settings import CSSettings
 from cerebras_tf.tensorboard import EventWriter, scalar_summary
-from cerebras_tf.wse.executor import Executor
+from cerebras_tf.wse.executor import Executor, StepResult
+from cerebras_tf.wse.kernels import KernelInputError
 from estimator import CapturedModel, EstimatorBase
 
 _log = tf.compat.v1.logging
@@ -50,6 +54,7 @@ def train_on_system(estimator: EstimatorBase, settings: CSSettings, model: Captu
     values = checkpoints.starting_values(getattr(estimator, "warm_start_settings", None))
     half = settings.half_dtype
     executor = Executor(program, values, grad_scaler=checkpoints.starting_grad_scaler(half), half_dtype=half)
+    guard = DivergenceGuard(executor.grad_scaler)  # NaN loss, or stuck overflowing: stop before saving
     first = executor.global_step
     if max_steps is not None:
         last = max_steps
@@ -74,8 +79,9 @@ def train_on_system(estimator: EstimatorBase, settings: CSSettings, model: Captu
             except StopIteration:
                 _log.info("The input data ended after global step %d.", executor.global_step)
                 break
-            result = executor.step(features, labels)
+            result = run_step(executor, features, labels)
             step = executor.global_step
+            guard.after_step(result, step, saved, (features, labels))
             summaries.step_done(batch_size((features, labels)))
             if (step % every == 0 or step == last) and result.loss is not None:
                 summaries.write(step, result.loss, result.loss_scale)
@@ -99,6 +105,18 @@ def train_on_system(estimator: EstimatorBase, settings: CSSettings, model: Captu
         _log.info("Loss for final step: %g. Trained steps %d-%d in %.1f s on the simulated WSE (%s).",
                   result.loss, first + 1, executor.global_step, seconds, summaries.throughput_text(seconds))
     return executor.global_step
+
+
+def run_step(executor: Executor, features: Any, labels: Any = None) -> StepResult:
+    """executor.step; a batch that a kernel refuses as TF's CPU kernel does (e.g. a label out of range for
+    sparse softmax) raises TF's InvalidArgumentError with TF's message, naming the op and the user's line."""
+    try:
+        return executor.step(features, labels)
+    except KernelInputError as error:
+        kernel = error.kernel
+        node = f"\n\t [[{{{{node {kernel.tf_name}}}}}]]" if kernel is not None and kernel.tf_name else ""
+        where = f" (defined at {kernel.location})" if kernel is not None and kernel.location else ""
+        raise tf.errors.InvalidArgumentError(None, None, f"{error}{node}{where}") from None
 
 
 class TrainingSummaries:
@@ -388,7 +406,7 @@ def evaluate_on_system(estimator: EstimatorBase, settings: CSSettings, model: Ca
             except StopIteration:
                 _log.info("The input data ended after %d evaluation steps.", len(losses))
                 break
-            outputs = executor.step(features, labels).outputs
+            outputs = run_step(executor, features, labels).outputs
             losses.append(float(outputs["loss"]))
             host.update(outputs)
     metrics = {**host.result(), "loss": float(np.mean(losses)), "global_step": global_step}
@@ -421,7 +439,7 @@ def predict_on_system(estimator: EstimatorBase, settings: CSSettings, model: Cap
     _log.info("Predicting on the simulated WSE from %s.", path)
     with _local_stream(input_fn, estimator.params) as batches:
         for features, _ in batches:
-            outputs = executor.step(features).outputs
+            outputs = run_step(executor, features).outputs
             if single:
                 yield outputs["predictions/output"]
             else:

@@ -35,7 +35,7 @@ import numpy as np
 
 from cerebras_tf.amp import FLOAT32_MODE, GradScaler, get_half_dtype, round_to_half
 from cerebras_tf import ir
-from cerebras_tf.wse.kernels import KERNELS, KernelContext, np_dtype
+from cerebras_tf.wse.kernels import KERNELS, KernelContext, KernelInputError, np_dtype
 from cerebras_tf.wse.threads import map_elementwise
 
 # Kinds whose output may be a view of (or the same array as) an input.
@@ -110,6 +110,9 @@ class Executor:
     def step(self, features: Any, labels: Any = None) -> StepResult:
         """Run the program once on one batch.
 
+        Raises KernelInputError (with `kernel` set) where TF's CPU kernel would refuse the batch, e.g. a
+        label out of range for sparse softmax cross entropy.
+
         `features` and `labels` are numpy arrays or nests of them (dict/tuple/list, as the input
         pipeline produced them); labels may be None when the program does not read labels. Their
         leaves are matched to the program inputs by `ir.input_leaves` keys; leaves the program has
@@ -179,7 +182,11 @@ class Executor:
             guard = p.kernel.guard
             if not (skip_writes and p.writes) and (guard is None or bool(values[guard])):
                 p.ctx.step = step
-                outputs = p.fn([values[t] for t in p.kernel.inputs], p.kernel.attrs, p.ctx)
+                try:
+                    outputs = p.fn([values[t] for t in p.kernel.inputs], p.kernel.attrs, p.ctx)
+                except KernelInputError as error:  # TF's CPU kernel refuses this input: say which kernel
+                    error.kernel = p.kernel
+                    raise
                 for tid, value in zip(p.kernel.outputs, outputs):
                     values[tid] = value
             for tid in p.frees:

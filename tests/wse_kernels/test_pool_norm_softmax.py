@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from cerebras_tf.wse.kernels import KernelInputError
 from kernel_helpers import check, run
 
 R = tf.raw_ops
@@ -133,7 +134,12 @@ def test_softmax_family(rng):
     check(run("l2_loss", [x])[0], R.L2Loss(t=x), rtol=1e-5)
 
 
-def test_sparse_xent_out_of_range_label_is_nan(rng):
+@pytest.mark.parametrize("labels", [[0, 4, 1], [0, -1, 5], [-2, 3, -1]])
+def test_sparse_xent_out_of_range_label_raises_what_tfs_cpu_kernel_raises(rng, labels):
     x = rng.normal(size=(3, 4)).astype(F)
-    loss, back = run("sparse_softmax_cross_entropy", [x, np.array([0, 4, 1], np.int32)])
-    assert np.isnan(loss[1]) and np.isnan(back[1]).all() and np.isfinite(loss[[0, 2]]).all()
+    labels = np.array(labels, np.int32)
+    with pytest.raises(tf.errors.InvalidArgumentError) as theirs:
+        R.SparseSoftmaxCrossEntropyWithLogits(features=x, labels=labels)
+    with pytest.raises(KernelInputError) as ours:
+        run("sparse_softmax_cross_entropy", [x, labels])
+    assert str(ours.value) == theirs.value.message.split("}} ", 1)[-1].split(" [Op:")[0]

@@ -30,9 +30,9 @@ from cerebras_tf.wse.kernels import (  # noqa: F401
     softmax,
 )
 from cerebras_tf.wse.kernels import variables as _variables_kinds  # noqa: F401
-from cerebras_tf.wse.kernels._registry import KERNELS, KernelContext, KernelFn, np_dtype
+from cerebras_tf.wse.kernels._registry import KERNELS, KernelContext, KernelFn, KernelInputError, np_dtype
 
-__all__ = ["KERNELS", "KernelContext", "KernelFn", "np_dtype", "run_kernel"]
+__all__ = ["KERNELS", "KernelContext", "KernelFn", "KernelInputError", "np_dtype", "run_kernel"]
 
 
 def run_kernel(kind: str, inputs: list[np.ndarray], attrs: Mapping[str, Any] | None = None,

@@ -22,6 +22,17 @@ class KernelContext:
     salt: int = 0  # distinguishes unseeded (seed == seed2 == 0) random kernels: pass the kernel id
 
 
+class KernelInputError(ValueError):
+    """A kernel's input that TensorFlow's CPU kernel refuses with InvalidArgumentError (e.g. a label out of range
+    for sparse softmax cross entropy); the message is TF's, word for word.
+
+    The executor sets `kernel` (the IR kernel that raised it: its TF op name and the user's line) on the way
+    out; the host raises TF's own error type for it (cerebras_tf.cs_training).
+    """
+
+    kernel: Any = None
+
+
 KernelFn = Callable[[list[np.ndarray], Mapping[str, Any], KernelContext], list[np.ndarray]]
 
 KERNELS: dict[str, KernelFn] = {}

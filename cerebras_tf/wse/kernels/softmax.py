@@ -1,8 +1,9 @@
 """softmax, log_softmax, softmax_cross_entropy, sparse_softmax_cross_entropy, l2_loss (TF formulas).
 
 The cross-entropy kinds return (loss[batch], backprop[batch, classes]) with
-backprop = softmax(logits) - labels. An out-of-range sparse label gives a NaN
-row (TF's CPU kernel raises instead).
+backprop = softmax(logits) - labels. An out-of-range sparse label raises
+KernelInputError with the message of TF's CPU kernel (TF's GPU kernel gives a
+NaN row instead; a run on CPU stops there, so does a run on the system).
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from cerebras_tf.wse.kernels._registry import KernelContext, register
+from cerebras_tf.wse.kernels._registry import KernelContext, KernelInputError, register
 
 
 def _shifted(x: np.ndarray) -> np.ndarray:
@@ -49,22 +50,35 @@ def softmax_cross_entropy(inputs: list[np.ndarray], attrs: Mapping[str, Any], ct
 @register("sparse_softmax_cross_entropy")
 def sparse_softmax_cross_entropy(inputs: list[np.ndarray], attrs: Mapping[str, Any],
                                  ctx: KernelContext) -> list[np.ndarray]:
-    """SparseSoftmaxCrossEntropyWithLogits(features[batch, classes], labels[batch] int)."""
+    """SparseSoftmaxCrossEntropyWithLogits(features[batch, classes], labels[batch] int).
+
+    A label outside [0, classes) raises KernelInputError, as TF's CPU kernel raises InvalidArgumentError.
+    """
     logits, labels = inputs
     k = logits.shape[-1]
+    _check_labels(labels, k)
     s = _shifted(logits)
     e = np.exp(s)
     total = e.sum(axis=-1, keepdims=True)
-    ok = (labels >= 0) & (labels < k)
-    safe = np.where(ok, labels, 0).astype(np.int64)
-    picked = np.take_along_axis(s, safe[:, None], axis=-1)[:, 0]
+    index = labels.astype(np.int64)
+    picked = np.take_along_axis(s, index[:, None], axis=-1)[:, 0]
     loss = np.log(total[:, 0]) - picked
     back = e / total
-    back[np.arange(len(safe)), safe] -= ok.astype(back.dtype)
-    nan = np.asarray(np.nan, logits.dtype)
-    loss = np.where(ok, loss, nan)
-    back = np.where(ok[:, None], back, nan)
+    back[np.arange(len(index)), index] -= 1
     return [loss.astype(logits.dtype, copy=False), back.astype(logits.dtype, copy=False)]
+
+
+def _check_labels(labels: np.ndarray, classes: int) -> None:
+    """TF's CheckInvalidLabelIndex: the smallest label if it is negative, else the largest if it is >= classes,
+    reported with every label value."""
+    if labels.size == 0:
+        return
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0 or high >= classes:
+        bad = low if low < 0 else high
+        values = " ".join(str(int(v)) for v in labels.ravel())
+        raise KernelInputError(f"Received a label value of {bad} which is outside the valid range of "
+                               f"[0, {classes}).  Label values: {values}")
 
 
 @register("l2_loss")
