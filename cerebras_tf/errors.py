@@ -67,6 +67,44 @@ class RunArgumentError(CerebrasError):
     tag = "[Invalid Run]"
 
 
+class StepCountError(RunArgumentError, ValueError):
+    """A step count (train's steps/max_steps, evaluate's steps, predict's num_samples) that is not a positive
+    integer. The message is tf.estimator's ("Must specify steps > 0, given: 0"); a ValueError too, as
+    tf.estimator raises it."""
+
+
+class EstimatorArgumentError(CerebrasError):
+    """An argument of the CerebrasEstimator or of one of its methods that it cannot use at all: params that is
+    not a dict, an input_fn that is not callable, an unknown compile mode."""
+
+    tag = "[Invalid Argument]"
+
+
+class ConfigValueError(ConfigError, ValueError):
+    """A CSRunConfig argument with a wrong type or value, refused when the config is built (a ValueError too,
+    as tf.estimator.RunConfig refuses its own arguments)."""
+
+
+class ModelDirError(CerebrasError):
+    """model_dir (or compile_dir) cannot be used: a regular file, inside one, or not writable."""
+
+    tag = "[Model Dir]"
+
+
+class CheckpointMismatchError(CerebrasError):
+    """The checkpoint a run would start from does not fit the model: variables missing, or of another shape or
+    dtype (the model changed but model_dir did not), or it cannot be read."""
+
+    tag = "[Checkpoint]"
+
+
+class ModelFnError(CerebrasError):
+    """model_fn returned something other than a valid EstimatorSpec for the mode (None, a dict, a spec without
+    loss, with a non-scalar loss, a train_op or prediction that is not a tensor...)."""
+
+    tag = "[Invalid model_fn]"
+
+
 class MultipleProblemsError(CerebrasError):
     """Several rules failed at once; `problems` holds each error."""
 

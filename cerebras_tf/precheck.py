@@ -7,13 +7,22 @@ from cerebras_tf import rules
 from cerebras_tf.amp.target import capturing_for_cs_system
 from cerebras_tf.errors import CerebrasError, raise_problems
 from cerebras_tf.settings import CSSettings
-from estimator import CapturedInput, CapturedModel, EstimatorBase, capture_input, capture_model, inspect_dataset
+from estimator import (
+    CapturedInput,
+    CapturedModel,
+    DatasetBuildError,
+    EstimatorBase,
+    capture_input,
+    capture_model,
+    inspect_dataset,
+)
 
 
 def _estimator_can_call(input_fn: Callable[..., Any]) -> bool:
     """Whether the Estimator can call input_fn at all (to capture it and report every other problem too):
     the input_fn signature rule, with the arguments the Estimator passes instead of the CS system's."""
-    return not rules.input.unfilled_input_fn_parameters(input_fn, rules.input.ESTIMATOR_INPUT_FN_ARGS)
+    return callable(input_fn) and not rules.input.unfilled_input_fn_parameters(
+        input_fn, rules.input.ESTIMATOR_INPUT_FN_ARGS)
 
 
 def precheck(
@@ -40,15 +49,24 @@ def precheck(
 
     captured_input = capture_input(estimator, input_fn, mode)
     problems += rules.input.check_returns_dataset(captured_input, input_fn)
+    model_fn = estimator.user_model_fn
+    model = None
     try:
         with capturing_for_cs_system():  # amp.optimizer_step leaves loss scaling to the executor
-            model = capture_model(estimator, captured_input, estimator.call_user_model_fn)
-    except Exception:
-        # The failure may follow from a rule broken by the input (e.g. sparse features, or an element
-        # that is not (features, labels)): report those problems first.
-        raise_problems(problems + _dataset_problems(captured_input, settings))
-        raise
-    problems += rules.spec.check_spec(model.spec, mode, estimator.user_model_fn)
+            model = capture_model(estimator, captured_input, estimator.call_user_model_fn_unchecked)
+    except Exception as error:
+        spec_problems = rules.spec.model_fn_spec_error(error, mode, model_fn)  # tf.estimator refused the spec
+        if not spec_problems:
+            # The failure may follow from a rule broken by the input (e.g. sparse features, or an element
+            # that is not (features, labels)): report those problems first (the failure stays their context).
+            raise_problems(problems + _dataset_problems(captured_input, settings))
+            raise
+    else:  # model_fn returned: is it a spec at all? (the other spec rules cannot read anything else)
+        spec_problems = rules.spec.check_model_fn_result(model.spec, mode, model_fn)
+    if spec_problems:  # raised outside the handler: the error says it all, with TF's message
+        raise_problems(problems + spec_problems + _dataset_problems(captured_input, settings))
+    assert model is not None
+    problems += rules.spec.check_spec(model.spec, mode, model_fn)
     problems += _dataset_problems(captured_input, settings)  # after model_fn, so op ids match plain TF
     raise_problems(problems)
     return model
@@ -63,7 +81,10 @@ def _dataset_problems(captured_input: CapturedInput, settings: CSSettings) -> li
     if not captured_input.is_dataset:
         return []
     with captured_input.graph.as_default():
-        info = inspect_dataset(captured_input.result, settings.session_config)
+        try:
+            info = inspect_dataset(captured_input.result, settings.session_config)
+        except DatasetBuildError as error:  # e.g. batch(0): no other dataset rule can run
+            return rules.input.check_dataset_builds(error)
     return (
         rules.input.check_element_structure(info)
         + rules.input.check_fixed_batch(info)

@@ -19,12 +19,13 @@ from estimator.api import (
 )
 from estimator.base import EstimatorBase
 from estimator.capture import CapturedInput, CapturedModel, capture_input, capture_model
-from estimator.dataset import DatasetInfo, ShuffleSeed, inspect_dataset, is_none_spec
+from estimator.dataset import DatasetBuildError, DatasetInfo, ShuffleSeed, inspect_dataset, is_none_spec
 
 __all__ = [
     "CapturedInput",
     "CapturedModel",
     "CheckpointSaverListener",
+    "DatasetBuildError",
     "DatasetInfo",
     "Estimator",
     "EstimatorBase",

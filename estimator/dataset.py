@@ -77,6 +77,35 @@ class DatasetInfo:
         return self.cardinality == INFINITE
 
 
+class DatasetBuildError(Exception):
+    """A dataset op failed when the pipeline was first run (e.g. `batch(0)`: "Batch size must be greater than
+    zero."), with TF's own message, the op and the user's line that created it.
+
+    Attributes:
+      op_type, op_name: the failing op ("BatchDatasetV2"), or None when TF did not name it.
+      message: TF's message for it, without TF's "Graph execution error" framing.
+      location: 'file:line' of the user code that created the op, if known.
+      batch_size: for a batch transformation, its (static) batch size, else None.
+    """
+
+    def __init__(self, op_type: str | None, op_name: str | None, message: str, location: str | None,
+                 batch_size: int | None = None) -> None:
+        self.op_type, self.op_name, self.message = op_type, op_name, message
+        self.location, self.batch_size = location, batch_size
+        super().__init__(f"{op_type or 'A dataset op'} failed: {message}")
+
+    @classmethod
+    def from_op_error(cls, error: tf.errors.OpError) -> "DatasetBuildError":
+        op = error.op
+        batch_size = None
+        if op is not None and op.type in _BATCH_OPS and len(op.inputs) > 1:
+            value = tf.get_static_value(op.inputs[1])
+            batch_size = int(value) if value is not None else None
+        core = error.message.split("\n\t [[", 1)[0].strip().splitlines()
+        return cls(op.type if op is not None else None, op.name if op is not None else None,
+                   core[-1] if core else error.message, op_location(op) if op is not None else None, batch_size)
+
+
 def is_none_spec(spec: Any) -> bool:
     """True for the element_spec of a `None` component of a dataset element."""
     return spec is None or type(spec).__name__ == "NoneTensorSpec"
@@ -99,7 +128,10 @@ def _dataset_ops(variant: tf.Tensor) -> list[tf.Operation]:
 
 
 def inspect_dataset(dataset: tf.data.Dataset, session_config: Any = None) -> DatasetInfo:
-    """Describe `dataset`, which must have been built in the current default graph."""
+    """Describe `dataset`, which must have been built in the current default graph.
+
+    Raises DatasetBuildError when an op of the pipeline fails as it is built (e.g. batch(0)).
+    """
     graph = tf.compat.v1.get_default_graph()
     variant = dataset._variant_tensor
     ops = _dataset_ops(variant)
@@ -109,7 +141,10 @@ def inspect_dataset(dataset: tf.data.Dataset, session_config: Any = None) -> Dat
         "seeds": [(op.inputs[2], op.inputs[3]) for op in shuffle_ops],
     }
     with tf.compat.v1.Session(graph=graph, config=session_config) as session:
-        values = session.run(fetches)
+        try:
+            values = session.run(fetches)
+        except tf.errors.OpError as error:  # an op of the pipeline cannot be built, e.g. batch(0)
+            raise DatasetBuildError.from_op_error(error) from error
     describe = lambda op: DatasetOp(op.type, op.name, op_location(op))  # noqa: E731
     functions = [(op, _called_functions(op.node_def)) for op in ops]
     return DatasetInfo(

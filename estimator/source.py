@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 import sysconfig
+import traceback
 from typing import Any, Iterable
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,3 +62,18 @@ def function_location(fn: Any) -> str:
         return f"{inspect.getsourcefile(target)}:{inspect.getsourcelines(target)[1]}"
     except (TypeError, OSError):
         return repr(fn)
+
+
+def raised_within_module_of(error: BaseException, obj: Any) -> bool:
+    """Whether a frame of `error`'s traceback runs code of the module that defines `obj` (e.g. the checks
+    tf.estimator's EstimatorSpec makes of its fields while it is constructed)."""
+    filename = getattr(sys.modules.get(getattr(obj, "__module__", "")), "__file__", None)
+    if filename is None:
+        return False
+    filename = os.path.abspath(filename)
+    return any(os.path.abspath(frame.filename) == filename for frame in traceback.extract_tb(error.__traceback__))
+
+
+def error_location(error: BaseException) -> str | None:
+    """'file:line' of the innermost user frame of `error`'s traceback (the user's line that led to it)."""
+    return user_frame(traceback.extract_tb(error.__traceback__))

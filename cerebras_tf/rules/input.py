@@ -7,14 +7,15 @@ those about input workers also read the run's InputWorkerSettings.
 from __future__ import annotations
 
 import inspect
+import traceback
 from typing import Any, Callable, Mapping
 
 import tensorflow as tf
 
 from cerebras_tf.errors import CerebrasError, InputFunctionError
 from cerebras_tf.settings import InputWorkerSettings
-from estimator import CapturedInput, DatasetInfo, ModeKeys, is_none_spec
-from estimator.source import function_location
+from estimator import CapturedInput, DatasetBuildError, DatasetInfo, ModeKeys, is_none_spec
+from estimator.source import function_location, user_frame
 
 _DROP_REMAINDER_FIX = "dataset = dataset.shuffle(1000).repeat().batch(batch_size, drop_remainder=True)"
 
@@ -54,6 +55,8 @@ def unfilled_input_fn_parameters(input_fn: Callable[..., Any], passed: tuple[str
 def check_input_fn_signature(input_fn: Callable[..., Any]) -> list[CerebrasError]:
     """input_fn is callable as `input_fn(params)`: its first parameter is `params`, any other has a default
     (e.g. the Model Zoo's `def train_input_fn(params, input_context=None)`) or is *args/**kwargs."""
+    if not callable(input_fn):
+        return [_not_callable(input_fn)]
     unfilled = unfilled_input_fn_parameters(input_fn, CS_INPUT_FN_ARGS)
     if not unfilled:
         return []
@@ -70,6 +73,20 @@ def check_input_fn_signature(input_fn: Callable[..., Any]) -> list[CerebrasError
                "passes params only." if others else "."),
         )
     ]
+
+
+def _not_callable(input_fn: Any) -> CerebrasError:
+    """input_fn is a value (a dataset, a batch, a number) instead of the function that builds the dataset."""
+    if isinstance(input_fn, tf.data.Dataset):
+        got, fix = "a tf.data.Dataset", ("Pass the function that builds it, `def input_fn(params): ... return "
+                                         "dataset`: the Estimator calls it inside the graph it builds for each run.")
+    else:
+        text = repr(input_fn)
+        got = f"{type(input_fn).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+        fix = ("Pass the function itself, `train(input_fn, ...)`, not its result `train(input_fn(params), ...)`: "
+               "`def input_fn(params): ... return dataset`.")
+    return InputFunctionError(f"input_fn must be a callable that returns a tf.data.Dataset, got {got}.",
+                              where=user_frame(traceback.extract_stack()), fix=fix)
 
 
 def check_returns_dataset(captured: CapturedInput, input_fn: Callable[..., Any]) -> list[CerebrasError]:
@@ -180,6 +197,27 @@ def check_element_structure(info: DatasetInfo) -> list[CerebrasError]:
             fix="; ".join(component_fixes) + ".",
         )
     ]
+
+
+def check_dataset_builds(error: DatasetBuildError | None) -> list[CerebrasError]:
+    """The dataset's ops can be built (precheck runs the pipeline's setup once): e.g. a batch size > 0.
+
+    `error` is what inspecting the dataset raised (None: it built). TF says only "Graph execution error"
+    around the op's own message; this names the transformation, its argument and the user's line.
+    """
+    if error is None:
+        return []
+    if error.batch_size is not None:
+        return [InputFunctionError(
+            f"dataset.batch({error.batch_size}): the batch size must be a positive integer, got "
+            f"{error.batch_size} (TensorFlow: {error.message})",
+            where=error.location,
+            fix="Batch with the per-step batch size, e.g. dataset.batch(params['batch_size'], drop_remainder=True) "
+                "with params={'batch_size': 32}; check the value input_fn reads from params.")]
+    return [InputFunctionError(
+        f"The input pipeline cannot be built: its {error.op_type or 'dataset'} op fails with: {error.message}",
+        where=error.location,
+        fix="Fix the arguments of that transformation in input_fn (TensorFlow's message above says which).")]
 
 
 def check_fixed_batch(info: DatasetInfo) -> list[CerebrasError]:

@@ -1,4 +1,12 @@
-"""Rules on the EstimatorSpec a model_fn returns for a CS-system run."""
+"""Rules on the EstimatorSpec a model_fn returns for a CS-system run.
+
+First that it is one: a model_fn returning None, a dict or a tuple, or
+building an EstimatorSpec that tf.estimator rejects (no loss, a non-scalar
+loss, a train_op or a prediction that is not a tensor), gets a ModelFnError
+pointing at model_fn (the `return` line where TF shows it, else the def
+line), instead of tf.estimator's ValueError/TypeError from deep inside the
+capture. The CPU/GPU path leaves these to tf.estimator.
+"""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -6,9 +14,9 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from cerebras_tf.ir import host_call_structure
-from cerebras_tf.errors import CerebrasError, EvalMetricOpsError, HookError, HostCallError
+from cerebras_tf.errors import CerebrasError, EvalMetricOpsError, HookError, HostCallError, ModelFnError
 from estimator import EstimatorSpec, ModeKeys
-from estimator.source import function_location
+from estimator.source import error_location, function_location, raised_within_module_of
 
 _SPEC_HOOK_FIELDS = ("training_chief_hooks", "training_hooks", "evaluation_hooks", "prediction_hooks")
 
@@ -35,6 +43,59 @@ def hooks_not_supported(what: str, hooks: Any, where: str | None) -> list[Cerebr
             "to the host with CSEstimatorSpec(host_call=(fn, tensors)) instead.",
         )
     ]
+
+
+_RETURN_SPEC = ("Return tf.estimator.EstimatorSpec(mode, loss=..., train_op=..., predictions=...) (or "
+                "cerebras_tf.CSEstimatorSpec) from model_fn in every mode.")
+
+
+def check_model_fn_result(result: Any, mode: str, model_fn: Callable[..., Any]) -> list[CerebrasError]:
+    """model_fn returned an EstimatorSpec (tf.estimator's own check, "model_fn should return an EstimatorSpec.")."""
+    if isinstance(result, EstimatorSpec):
+        return []
+    if result is None:
+        got = "None (does every branch of model_fn end in `return EstimatorSpec(...)`?)"
+    elif isinstance(result, dict):
+        got = f"a dict with keys {sorted(map(str, result))}"
+    elif isinstance(result, (tuple, list)):
+        got = f"a {type(result).__name__} of {len(result)} (e.g. (loss, train_op))"
+    else:
+        got = f"{type(result).__name__} {_describe(result)}" if not hasattr(result, "as_estimator_spec") else \
+            f"a {type(result).__name__}"
+    fix = _RETURN_SPEC
+    if hasattr(result, "as_estimator_spec"):  # TPUEstimatorSpec
+        fix = ("Return cerebras_tf.CSEstimatorSpec(mode, loss=..., train_op=..., host_call=...) (host_call works as "
+               "TPUEstimator's), or spec.as_estimator_spec().")
+    return [ModelFnError(f"model_fn should return an EstimatorSpec; in {mode} mode it returned {got}.",
+                         where=function_location(model_fn), fix=fix)]
+
+
+# tf.estimator's messages for the fields of an EstimatorSpec (their beginnings) -> what to do.
+_SPEC_FIELD_FIXES = (
+    ("Missing loss", "Return the loss in TRAIN and EVAL mode: EstimatorSpec(mode, loss=loss, train_op=train_op)."),
+    ("Loss must be scalar", "Reduce the per-example losses to one value, e.g. loss = tf.reduce_mean(per_example) "
+                            "(tf.compat.v1.losses.* reduce for you)."),
+    ("loss must be Tensor", "Pass the loss tensor computed in model_fn, not a Python or numpy number."),
+    ("Missing train_op", "In TRAIN mode return train_op = optimizer.minimize(loss, "
+                         "global_step=tf.compat.v1.train.get_global_step())."),
+    ("train_op must be Operation or Tensor", "Pass the op that optimizer.minimize(loss, global_step=...) returns "
+                                             "(call it), not the optimizer or the method."),
+    ("Missing predictions", "In PREDICT mode return predictions: a tensor or a dict of tensors."),
+    ("predictions", "Predictions must be tensors computed in model_fn (a tensor or a dict of them); convert "
+                    "other values with tf.constant, or compute them on the host after predict()."),
+)
+
+
+def model_fn_spec_error(error: BaseException, mode: str, model_fn: Callable[..., Any]) -> list[CerebrasError]:
+    """A ModelFnError for an exception tf.estimator's EstimatorSpec raised while model_fn built its spec (its
+    check of the fields), pointing at the line that built it; [] for any other exception (the model's own)."""
+    if not raised_within_module_of(error, EstimatorSpec):
+        return []
+    message = str(error)
+    fix = next((fix for start, fix in _SPEC_FIELD_FIXES if message.startswith(start)),
+               "Fix the EstimatorSpec's arguments (tf.estimator's message above names the field). " + _RETURN_SPEC)
+    return [ModelFnError(f"model_fn's EstimatorSpec is invalid in {mode} mode: {message}",
+                         where=error_location(error) or function_location(model_fn), fix=fix)]
 
 
 def check_spec(spec: EstimatorSpec, mode: str, model_fn: Callable[..., Any]) -> list[CerebrasError]:
