@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any, Mapping
 
-from cerebras_tf.errors import ConfigError
+from cerebras_tf.errors import ConfigError, ConfigValueError
 
 # Task types a CS-system TF_CONFIG may list. `evaluator` is accepted and ignored
 # (a separate evaluation job); the CS system has no parameter servers.
@@ -158,14 +158,17 @@ def cluster_from_environ(environ: Mapping[str, str] = os.environ) -> Cluster:
 
 
 def check_num_input_workers(value: Any, caller: str = "CSRunConfig") -> int | None:
-    """`value` as an explicit input-worker count: None (not given) or a positive integer, else ValueError.
+    """`value` as an explicit input-worker count: None (not given) or a positive integer (not a bool), else
+    ConfigValueError (a ValueError).
 
     The one check of the count's type and range, made where a caller hands the
     count in (CSRunConfig when it is built, InputStream given a count directly),
     so the plan below and CSSettings take it as valid.
     """
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"{caller}(num_input_workers={value!r}) must be a positive integer.")
+        raise ConfigValueError(f"{caller}(num_input_workers={value!r}) must be a positive integer.",
+                               fix="Give the number of input workers as an int >= 1 (e.g. num_input_workers=2), "
+                                   "or leave it out: TF_CONFIG's workers, else 1.")
     return value
 
 

@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import itertools
 import os
+import traceback
 from typing import Any, Callable, Iterable, Iterator
 
 import tensorflow as tf
 
 from cerebras_tf import rules
+from cerebras_tf.amp.tf_loss_scaling import STATE_SCOPE as LOSS_SCALE_SCOPE
 from cerebras_tf.compiler.driver import CompileResult, compile_model, program_hash
 from cerebras_tf.cs_training import checkpoint_to_evaluate, evaluate_on_system, predict_on_system, train_on_system
+from cerebras_tf.errors import CerebrasError, raise_problems
 from cerebras_tf.precheck import precheck
 from cerebras_tf.run_config import CSRunConfig
 from cerebras_tf.settings import CSSettings
@@ -17,6 +20,7 @@ from cerebras_tf.spec import to_plain_spec
 from cerebras_tf.tensorboard import write_image_summary
 from cerebras_tf.wse.system import check_system, program_system
 from estimator import CapturedModel, EstimatorBase, EstimatorSpec, ModeKeys, RunConfig
+from estimator.source import user_frame
 
 _log = tf.compat.v1.logging
 
@@ -32,7 +36,9 @@ class CerebrasEstimator(EstimatorBase):
     target the simulated CS system embedded in this process, and every
     CS-system rule is checked before anything is written to model_dir.
     Each of train/evaluate/predict/compile resolves the config and TF_CONFIG
-    once, into a CSSettings, and hands that to everything it calls.
+    once, into a CSSettings, and hands that to everything it calls. A call
+    with use_cs=True that runs on CPU/GPU because no cs_ip is set says so in
+    one log line.
 
     Args:
       model_fn: the usual Estimator model_fn; it may return a CSEstimatorSpec.
@@ -61,6 +67,7 @@ class CerebrasEstimator(EstimatorBase):
             warm_start_from=warm_start_from,
         )
         self._compile_dir = compile_dir or os.path.join(self.model_dir, "cs_compile")
+        self._created_at = user_frame(traceback.extract_stack())  # where errors about params/a RunConfig point
 
     @property
     def compile_dir(self) -> str:
@@ -72,7 +79,38 @@ class CerebrasEstimator(EstimatorBase):
 
     def _settings(self) -> CSSettings:
         """This call's settings: the config and the environment as they are now."""
-        return CSSettings.resolve(self.config)
+        return CSSettings.resolve(self.config, estimator_created_at=self._created_at)
+
+    def _use_cs_ignored(self, call: str, use_cs: bool, settings: CSSettings) -> None:
+        """One log line when use_cs=True cannot be honoured because the config has no cs_ip."""
+        if not use_cs or settings.on_cs_system:
+            return
+        if settings.cs_run_config:
+            _log.info("%s(use_cs=True) runs on CPU/GPU with the plain Estimator: the CSRunConfig has no cs_ip "
+                      "(set CSRunConfig(cs_ip='host:port') to run on the CS system).", call)
+        else:
+            _log.warning("%s(use_cs=True) runs on CPU/GPU with the plain Estimator: config is a plain "
+                         "tf.estimator.RunConfig, which has no cs_ip; use cerebras_tf.CSRunConfig(cs_ip=...) to run "
+                         "on the CS system.", call)
+
+    def _call_problems(self, settings: CSSettings, writes: bool = True) -> list[CerebrasError]:
+        """The problems of this estimator's own arguments for a call on the CS system: params a dict, and
+        model_dir/compile_dir usable when the call writes there (checked before anything is written)."""
+        problems = rules.run.check_params(self.params, self._created_at)
+        if writes:
+            problems += rules.run.check_output_dirs(self.model_dir, self.compile_dir)
+        return problems
+
+    def _check_checkpoint(self, model: CapturedModel, path: str | None) -> None:
+        """Refuse a checkpoint that does not fit the model (before anything is compiled or written); say which
+        of its variables the model lacks (ignored, as TF ignores them)."""
+        if path is None:
+            return
+        raise_problems(rules.checkpoint.check_checkpoint(model.graph, path))
+        extras = rules.checkpoint.extra_variables(model.graph, path, (LOSS_SCALE_SCOPE + "/",))
+        if extras:
+            _log.info("The checkpoint %s also holds %d variable(s) this model does not have, ignored as tf.estimator "
+                      "ignores them: %s", path, len(extras), ", ".join(extras))
 
     def _adapt_spec(self, spec: EstimatorSpec, mode: str) -> EstimatorSpec:
         return to_plain_spec(spec, mode)
@@ -96,12 +134,16 @@ class CerebrasEstimator(EstimatorBase):
         """Train; on the CS system when a cs_ip is configured and use_cs is True."""
         settings = self._settings()
         if not (use_cs and settings.on_cs_system):
+            self._use_cs_ignored("train", use_cs, settings)
             return super().train(input_fn, hooks=hooks, steps=steps, max_steps=max_steps,
                                  saving_listeners=saving_listeners)
+        raise_problems(rules.run.check_train_steps(steps, max_steps))  # first, as tf.estimator checks them
         problems = rules.run.check_train_call(hooks, steps, max_steps, saving_listeners)
         problems += rules.config.check_tf_config(settings)
+        problems += self._call_problems(settings)
         self._announce_system("Training", settings)
         model = precheck(self, input_fn, ModeKeys.TRAIN, problems, settings)
+        self._check_checkpoint(model, tf.train.latest_checkpoint(self.model_dir))
         compiled = self._program_system(model, settings)
         estimate = compiled.placement.estimated_samples_per_sec if compiled.placement is not None else None
         train_on_system(self, settings, model, compiled.program, input_fn, steps, max_steps, estimate)
@@ -119,12 +161,15 @@ class CerebrasEstimator(EstimatorBase):
         """Evaluate; on the CS system only with use_cs=True (and a cs_ip)."""
         settings = self._settings()
         if not (use_cs and settings.on_cs_system):
+            self._use_cs_ignored("evaluate", use_cs, settings)
             return super().evaluate(input_fn, steps=steps, hooks=hooks, checkpoint_path=checkpoint_path, name=name)
+        raise_problems(rules.run.check_evaluate_steps(steps))  # first, as tf.estimator checks them
         self._announce_system("Evaluating", settings)
-        problems = rules.run.check_evaluate_call(hooks, steps)
+        problems = rules.run.check_evaluate_call(hooks, steps) + self._call_problems(settings)
         model = precheck(self, input_fn, ModeKeys.EVAL, problems, settings)
         assert steps is not None  # check_evaluate_call refused steps=None above
         path = checkpoint_to_evaluate(self.model_dir, checkpoint_path)
+        self._check_checkpoint(model, path)
         program = self._program_system(model, settings).program
         return evaluate_on_system(self, settings, model, program, input_fn, steps, path)
 
@@ -146,17 +191,19 @@ class CerebrasEstimator(EstimatorBase):
         `num_samples` stops after that many samples (needed for repeating
         datasets); otherwise prediction ends with the dataset.
         """
-        if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 1):
-            raise ValueError(f"predict(num_samples={num_samples!r}): num_samples must be a positive integer.")
+        raise_problems(rules.run.check_num_samples(num_samples))
         settings = self._settings()
         if use_cs and settings.on_cs_system:
             self._announce_system("Predicting", settings)
-            model = precheck(self, input_fn, ModeKeys.PREDICT, rules.run.check_predict_call(hooks), settings)
+            problems = rules.run.check_predict_call(hooks) + self._call_problems(settings)
+            model = precheck(self, input_fn, ModeKeys.PREDICT, problems, settings)
             path = checkpoint_to_evaluate(self.model_dir, checkpoint_path, "predict")
+            self._check_checkpoint(model, path)
             program = self._program_system(model, settings).program
             batches = predict_on_system(self, settings, model, program, input_fn, path, predict_keys)
             predictions = _single_examples(batches) if yield_single_examples else batches
         else:
+            self._use_cs_ignored("predict", use_cs, settings)
             predictions = super().predict(
                 input_fn,
                 predict_keys=predict_keys,
@@ -180,7 +227,9 @@ class CerebrasEstimator(EstimatorBase):
 
         Applies all rules whatever the cs_ip (except those about a run's
         environment and call arguments: TF_CONFIG, hooks passed to train,
-        step counts) and raises one error listing every problem found. Then
+        step counts) and raises one error listing every problem found; `mode`
+        must be one of ModeKeys' (train, eval, infer), and a full compile
+        needs a usable model_dir and compile_dir. Then
         lowers the graph to the WSE kernel IR: `validate_only=True` stops after
         matching every op to a kernel (nothing written); otherwise the artifact
         is written to compile_dir, or reused from there when the graph and the
@@ -191,8 +240,10 @@ class CerebrasEstimator(EstimatorBase):
         TensorBoard. Returns the CompileResult (program, kernel counts, report,
         placement, reused).
         """
+        raise_problems(rules.run.check_compile_mode(mode))
         settings = self._settings()
-        return self._compile(precheck(self, input_fn, mode, settings=settings), validate_only, settings)
+        problems = self._call_problems(settings, writes=not validate_only)
+        return self._compile(precheck(self, input_fn, mode, problems, settings), validate_only, settings)
 
     def _program_system(self, model: CapturedModel, settings: CSSettings) -> CompileResult:
         """Compile the model and program the simulated system with it.

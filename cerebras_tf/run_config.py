@@ -16,6 +16,7 @@ from cerebras_tf.cs_config import (
     use_cbfloat16,
     warn_ignored,
 )
+from cerebras_tf.errors import ConfigValueError
 from cerebras_tf.wse.fabric import WSE2, Fabric, fabric_by_name
 from estimator import RunConfig
 from estimator.source import user_frame
@@ -84,7 +85,9 @@ class CSRunConfig(RunConfig):
         **kwargs: Any,
     ) -> None:
         if cs_ip is not None and (not isinstance(cs_ip, str) or not cs_ip.strip()):
-            raise ValueError(f"CSRunConfig(cs_ip={cs_ip!r}): cs_ip must be a non-empty 'host:port' string or None.")
+            raise ConfigValueError(
+                f"CSRunConfig(cs_ip={cs_ip!r}): cs_ip must be a non-empty 'host:port' string or None.",
+                fix="Pass cs_ip='host:port' to target the CS system, or None for CPU/GPU.")
         fields = cs_config_fields(cs_config)
         if stack_params is not None and not isinstance(stack_params, Mapping):
             raise TypeError(f"CSRunConfig(stack_params=...) must be a dict or None, got {type(stack_params).__name__}.")
@@ -92,13 +95,14 @@ class CSRunConfig(RunConfig):
         if num_input_workers is None:
             num_input_workers = workers_per_csx
         elif workers_per_csx is not None and workers_per_csx != num_input_workers:
-            raise ValueError(f"CSRunConfig(num_input_workers={num_input_workers!r}) contradicts cs_config's "
-                             f"num_workers_per_csx={workers_per_csx}: give one of them.")
+            raise ConfigValueError(f"CSRunConfig(num_input_workers={num_input_workers!r}) contradicts cs_config's "
+                                   f"num_workers_per_csx={workers_per_csx}.", fix="Give one of them.")
         check_num_input_workers(num_input_workers)
         if isinstance(input_worker_timeout_secs, bool) or not isinstance(input_worker_timeout_secs, (int, float)) \
                 or input_worker_timeout_secs <= 0:
-            raise ValueError(
-                f"CSRunConfig(input_worker_timeout_secs={input_worker_timeout_secs!r}) must be a positive number."
+            raise ConfigValueError(
+                f"CSRunConfig(input_worker_timeout_secs={input_worker_timeout_secs!r}) must be a positive number.",
+                fix="Give the seconds the chief waits for the TF_CONFIG input workers, e.g. 120."
             )
         half_dtype = "cbfloat16" if use_cbfloat16(fields) else None
         systems, strategy = num_csx(fields), execution_strategy(fields)

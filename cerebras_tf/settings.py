@@ -86,7 +86,10 @@ class CSSettings:
       log_step_count_steps: how often the training loop logs (RunConfig's, 100 when None).
       run_config_args: every tf.estimator.RunConfig argument that is set (not None), by
         name, read-only; rules.config refuses the ones the CS system does not support.
-      created_at: 'file:line' of the user code that built the CSRunConfig, for errors.
+      created_at: 'file:line' of the user code that built the CSRunConfig, for errors; for a plain
+        RunConfig, where the estimator using it was built (when the caller says).
+      cs_run_config: whether the config is a CSRunConfig (False: a plain tf.estimator.RunConfig, whose
+        defaults are tf.estimator's, e.g. save_checkpoints_secs=600).
       tf_config: the TF_CONFIG environment variable when the run started (None: unset).
       tf_config_error: the ConfigError naming the field of a TF_CONFIG that cannot be parsed.
       input_workers_error: the ConfigError of a num_input_workers that contradicts the TF_CONFIG
@@ -109,6 +112,7 @@ class CSSettings:
     session_config: Any
     run_config_args: Mapping[str, Any]
     created_at: str | None
+    cs_run_config: bool
     tf_config: str | None
     tf_config_error: ConfigError | None
     input_workers_error: ConfigError | None
@@ -119,8 +123,13 @@ class CSSettings:
         return self.cs_ip is not None
 
     @classmethod
-    def resolve(cls, config: RunConfig, environ: Mapping[str, str] = os.environ) -> "CSSettings":
-        """Read `config` (a CSRunConfig, or a plain RunConfig: CS defaults) and TF_CONFIG from `environ` once."""
+    def resolve(cls, config: RunConfig, environ: Mapping[str, str] = os.environ,
+                estimator_created_at: str | None = None) -> "CSSettings":
+        """Read `config` (a CSRunConfig, or a plain RunConfig: CS defaults) and TF_CONFIG from `environ` once.
+
+        `estimator_created_at` ('file:line' where the estimator was built) is where errors about a plain
+        RunConfig point: where it was built is not known, but it was handed to the estimator there.
+        """
         cs = config if isinstance(config, CSRunConfig) else None
         tf_config = environ.get("TF_CONFIG") or None
         input_workers, tf_config_error, input_workers_error = _input_workers(cs, tf_config)
@@ -141,7 +150,8 @@ class CSSettings:
             keep_checkpoint_max=config.keep_checkpoint_max,
             session_config=config.session_config,
             run_config_args=types.MappingProxyType(args),
-            created_at=cs.created_at if cs else None,
+            created_at=cs.created_at if cs else estimator_created_at,
+            cs_run_config=cs is not None,
             tf_config=tf_config,
             tf_config_error=tf_config_error,
             input_workers_error=input_workers_error,

@@ -157,5 +157,5 @@ def test_predict_num_samples_cuts_the_last_batch(trained, make_input_fn, data):
 
 @pytest.mark.parametrize("num_samples", [0, -2, 2.5])
 def test_predict_num_samples_must_be_a_positive_integer(trained, make_input_fn, num_samples):
-    with pytest.raises(ValueError, match="num_samples must be a positive integer"):
+    with pytest.raises(ValueError, match="Must specify num_samples > 0"):
         trained.predict(make_input_fn(), num_samples=num_samples)

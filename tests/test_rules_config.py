@@ -47,7 +47,8 @@ def test_plain_run_config_default_checkpoint_secs_is_refused(make_estimator, mak
     assert plain.save_checkpoints_secs == 600  # tf.estimator's default, which the CS system does not support
     estimator = make_estimator(config=plain)
     assert_refused(estimator, errors.ConfigError, lambda: estimator.compile(make_input_fn(), validate_only=True),
-                   "save_checkpoints_secs=600", "CSRunConfig checkpoints by steps")
+                   "save_checkpoints_secs=600", "600 is tf.estimator.RunConfig's default",
+                   "cerebras_tf.CSRunConfig(cs_ip=...", "save_checkpoints_steps=N")
 
 
 def test_cs_run_config_checkpoints_by_steps_by_default(make_estimator, make_input_fn):

@@ -140,9 +140,9 @@ def test_each_call_resolves_the_settings_once_and_passes_them_down(
     resolved = []
     original = CSSettings.resolve.__func__
 
-    def counting(cls, config, environ=os.environ):
+    def counting(cls, config, environ=os.environ, **where):
         resolved.append(config)
-        return original(cls, config, environ)
+        return original(cls, config, environ, **where)
 
     monkeypatch.setattr(CSSettings, "resolve", classmethod(counting))
     estimator = make_estimator(save_checkpoints_steps=None)

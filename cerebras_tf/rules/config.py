@@ -9,7 +9,7 @@ import json
 
 from cerebras_tf.cs_config import WEIGHT_STREAMING
 from cerebras_tf.errors import CerebrasError, ConfigError
-from cerebras_tf.run_config import DEFAULT_TF_CONFIG
+from cerebras_tf.run_config import DEFAULT_SAVE_CHECKPOINTS_STEPS, DEFAULT_TF_CONFIG
 from cerebras_tf.settings import CSSettings
 
 # RunConfig arguments the CS system does not support (Cerebras documentation,
@@ -30,6 +30,9 @@ MIN_SAVE_CHECKPOINTS_STEPS = 100
 
 _VALID_TF_CONFIG = json.dumps(DEFAULT_TF_CONFIG)
 
+# What tf.estimator.RunConfig sets save_checkpoints_secs to when given neither it nor save_checkpoints_steps.
+_RUN_CONFIG_DEFAULT_CHECKPOINT_SECS = 600
+
 
 def check_run_config(settings: CSSettings) -> list[CerebrasError]:
     """Refuse RunConfig settings the CS system does not support."""
@@ -40,17 +43,22 @@ def check_run_config(settings: CSSettings) -> list[CerebrasError]:
         if value is None:
             continue
         fix = f"Remove {name}= from the RunConfig for CS-system runs (it still works on CPU/GPU)."
+        message = f"RunConfig parameter {name}={value!r} is not supported on the CS system."
         if name == "save_checkpoints_secs":
             fix = (
                 "Checkpoint by steps: CSRunConfig(save_checkpoints_steps=N) with N >= "
                 f"{MIN_SAVE_CHECKPOINTS_STEPS}. Note that tf.estimator.RunConfig sets save_checkpoints_secs=600 "
                 "by default; CSRunConfig checkpoints by steps."
             )
-        problems.append(
-            ConfigError(
-                f"RunConfig parameter {name}={value!r} is not supported on the CS system.", where=where, fix=fix
-            )
-        )
+            if _plain_run_config_default(settings, value):
+                message += (f" {value} is tf.estimator.RunConfig's default: a plain RunConfig given neither "
+                            "save_checkpoints_steps nor save_checkpoints_secs checkpoints every 600 seconds.")
+                fix = (
+                    "Use cerebras_tf.CSRunConfig(cs_ip=..., <your RunConfig arguments>), which checkpoints every "
+                    f"{DEFAULT_SAVE_CHECKPOINTS_STEPS} steps unless told otherwise, or "
+                    f"tf.estimator.RunConfig(save_checkpoints_steps=N) with N >= {MIN_SAVE_CHECKPOINTS_STEPS}."
+                )
+        problems.append(ConfigError(message, where=where, fix=fix))
     problems += check_cs_config(settings)
     steps = settings.save_checkpoints_steps
     if steps is not None and steps < MIN_SAVE_CHECKPOINTS_STEPS:
@@ -64,6 +72,12 @@ def check_run_config(settings: CSSettings) -> list[CerebrasError]:
             )
         )
     return problems
+
+
+def _plain_run_config_default(settings: CSSettings, secs: object) -> bool:
+    """Whether save_checkpoints_secs=`secs` is the value a plain tf.estimator.RunConfig sets by itself."""
+    return not settings.cs_run_config and secs == _RUN_CONFIG_DEFAULT_CHECKPOINT_SECS \
+        and settings.save_checkpoints_steps is None
 
 
 def check_cs_config(settings: CSSettings) -> list[CerebrasError]:
