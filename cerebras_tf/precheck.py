@@ -14,6 +14,7 @@ from estimator import (
     EstimatorBase,
     capture_input,
     capture_model,
+    dataset_call_failure,
     inspect_dataset,
 )
 
@@ -35,7 +36,9 @@ def precheck(
     """Capture input_fn + model_fn for `mode` and check them against the CS-system rules.
 
     Raises the single problem found, or a MultipleProblemsError listing all of
-    them (`earlier_problems`, e.g. from the call's arguments, come first).
+    them (`earlier_problems`, e.g. from the call's arguments, come first); when
+    input_fn is not callable as input_fn(params), or params is not a dict
+    (rules.run.check_params, among the earlier problems), before calling it.
     `settings` are the run's (default: resolved from estimator.config now).
     Writes nothing to disk.
     """
@@ -44,10 +47,18 @@ def precheck(
     problems = list(earlier_problems)
     problems += rules.config.check_run_config(settings)
     problems += rules.input.check_input_fn_signature(input_fn)
-    if not _estimator_can_call(input_fn):
-        raise_problems(problems)
+    if not _estimator_can_call(input_fn) or not isinstance(estimator.params, dict):
+        raise_problems(problems)  # input_fn(params) cannot run as the CS system runs it: report what is known
 
-    captured_input = capture_input(estimator, input_fn, mode)
+    failed = None
+    try:
+        captured_input = capture_input(estimator, input_fn, mode)
+    except Exception as error:
+        failed = dataset_call_failure(error)  # e.g. batch(-1): TF's bare ValueError from inside tf.data
+        if failed is None:
+            raise
+    if failed is not None:  # raised outside the handler: the error names the call, TF's message is in it
+        raise_problems(problems + rules.input.check_dataset_builds(failed))
     problems += rules.input.check_returns_dataset(captured_input, input_fn)
     model_fn = estimator.user_model_fn
     model = None

@@ -19,7 +19,14 @@ from estimator.api import (
 )
 from estimator.base import EstimatorBase
 from estimator.capture import CapturedInput, CapturedModel, capture_input, capture_model
-from estimator.dataset import DatasetBuildError, DatasetInfo, ShuffleSeed, inspect_dataset, is_none_spec
+from estimator.dataset import (
+    DatasetBuildError,
+    DatasetInfo,
+    ShuffleSeed,
+    dataset_call_failure,
+    inspect_dataset,
+    is_none_spec,
+)
 
 __all__ = [
     "CapturedInput",
@@ -39,6 +46,7 @@ __all__ = [
     "called_from_train_and_evaluate",
     "capture_input",
     "capture_model",
+    "dataset_call_failure",
     "inspect_dataset",
     "is_none_spec",
     "run_config_value",

@@ -3,18 +3,24 @@
 `inspect_dataset` works on the dataset's ops in the graph that `input_fn`
 built, so every finding can name the user's source line that created the op.
 `failing_op_location` finds, in an eagerly built dataset, the user line of an
-op that a TF error names. Both read tf.data internals (the variant tensor's
-ops, the graph's function library, a Dataset's traced functions); this module
-is the only place that does.
+op that a TF error names; `dataset_call_failure` the tf.data call of input_fn
+that raised while the pipeline was defined (e.g. batch(-1)). They read tf.data
+internals (the variant tensor's ops, the graph's function library, a Dataset's
+traced functions, the frames of tf.data's methods); this module is the only
+place that does.
 """
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import os
+import traceback
 from typing import Any, Sequence
 
+import numpy as np
 import tensorflow as tf
 
-from estimator.source import op_location
+from estimator.source import is_user_file, op_location
 
 _SHUFFLE_OPS = {
     "ShuffleDataset",
@@ -104,6 +110,24 @@ class DatasetBuildError(Exception):
         core = error.message.split("\n\t [[", 1)[0].strip().splitlines()
         return cls(op.type if op is not None else None, op.name if op is not None else None,
                    core[-1] if core else error.message, op_location(op) if op is not None else None, batch_size)
+
+
+_DATA_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(inspect.getfile(tf.data.Dataset)))) + os.sep
+
+
+def dataset_call_failure(error: BaseException) -> DatasetBuildError | None:
+    """The DatasetBuildError for an exception a tf.data call in the user's input_fn raised as the pipeline was
+    defined (e.g. `batch(-1)`: "Dimension -1 must be >= 0"), naming the Dataset method, its batch size for a
+    batch and the user's line; None when the exception did not come out of a tf.data call made by user code."""
+    caller = None
+    for frame, line in traceback.walk_tb(error.__traceback__):
+        filename = os.path.abspath(frame.f_code.co_filename)
+        if caller is not None and filename.startswith(_DATA_PACKAGE):
+            size = frame.f_locals.get("batch_size") if "batch" in frame.f_code.co_name else None
+            batch_size = int(size) if isinstance(size, (int, np.integer)) and not isinstance(size, bool) else None
+            return DatasetBuildError(f"Dataset.{frame.f_code.co_name}", None, str(error), caller, batch_size)
+        caller = f"{frame.f_code.co_filename}:{line}" if is_user_file(frame.f_code.co_filename) else None
+    return None
 
 
 def is_none_spec(spec: Any) -> bool:

@@ -207,7 +207,7 @@ def check_dataset_builds(error: DatasetBuildError | None) -> list[CerebrasError]
     """
     if error is None:
         return []
-    if error.batch_size is not None:
+    if error.batch_size is not None and error.batch_size <= 0:
         return [InputFunctionError(
             f"dataset.batch({error.batch_size}): the batch size must be a positive integer, got "
             f"{error.batch_size} (TensorFlow: {error.message})",
@@ -215,7 +215,7 @@ def check_dataset_builds(error: DatasetBuildError | None) -> list[CerebrasError]
             fix="Batch with the per-step batch size, e.g. dataset.batch(params['batch_size'], drop_remainder=True) "
                 "with params={'batch_size': 32}; check the value input_fn reads from params.")]
     return [InputFunctionError(
-        f"The input pipeline cannot be built: its {error.op_type or 'dataset'} op fails with: {error.message}",
+        f"The input pipeline cannot be built: {error.op_type or 'a dataset op'} fails with: {error.message}",
         where=error.location,
         fix="Fix the arguments of that transformation in input_fn (TensorFlow's message above says which).")]
 

@@ -59,6 +59,8 @@ def check_model_fn_result(result: Any, mode: str, model_fn: Callable[..., Any]) 
         got = f"a dict with keys {sorted(map(str, result))}"
     elif isinstance(result, (tuple, list)):
         got = f"a {type(result).__name__} of {len(result)} (e.g. (loss, train_op))"
+    elif isinstance(result, (tf.Tensor, tf.Operation)):
+        got = f"a {'tensor' if isinstance(result, tf.Tensor) else 'tf.Operation'} ({result.name}) alone"
     else:
         got = f"{type(result).__name__} {_describe(result)}" if not hasattr(result, "as_estimator_spec") else \
             f"a {type(result).__name__}"
