@@ -1,0 +1,163 @@
+"""Issue 16, class 4: bad numbers. A label out of range for sparse softmax raises what TF's CPU kernel raises
+(InvalidArgumentError, its message); a NaN loss, or steps that keep overflowing at the minimum loss scale, stop
+the run with the Estimator's NaN-loss error (NanLossDuringTrainingError, "NaN loss during training.").
+
+These are found while the run executes, so the run has started: like TF, which writes graph.pbtxt and event
+files before the first step, the compile artifact and the event file exist by then. What must not happen is a
+checkpoint of the bad step: no checkpoint is written, and one already in model_dir is left byte for byte."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from bad_input_helpers import (
+    BATCH,
+    LABELS,
+    X,
+    Y,
+    checkpoint_files,
+    classification_input_fn,
+    classifier,
+    estimator,
+    regression_input_fn,
+)
+
+import cerebras_tf
+from cerebras_tf import CerebrasEstimator, CSRunConfig, amp
+from cerebras_tf.divergence import OVERFLOW_STEPS_AT_MIN_SCALE, NanLossError
+
+NanLossDuringTrainingError = tf.compat.v1.train.NanLossDuringTrainingError
+
+
+def stopped(action: Callable[[], Any], error_type: type[BaseException], *fragments: str,
+            model_dir: str) -> BaseException:
+    """action() raises `error_type` holding every fragment, and model_dir's checkpoints are as they were."""
+    before = checkpoint_files(model_dir) or {}
+    with pytest.raises(error_type) as info:
+        action()
+    message = str(info.value)
+    missing = [fragment for fragment in fragments if fragment not in message]
+    assert not missing, f"{missing} not in the message:\n{message}"
+    assert (checkpoint_files(model_dir) or {}) == before, "a checkpoint was written"
+    return info.value
+
+
+def _with(x: np.ndarray, row: int, value: float) -> np.ndarray:
+    changed = x.copy()
+    changed[row] = value
+    return changed
+
+
+# --------------------------------------------------------------------------- labels out of range
+
+
+@pytest.mark.parametrize("bad, reported", [(3, 3), (7, 7), (-1, -1)])
+def test_a_label_out_of_range_raises_what_tf_raises(model_dir, tmp_path, bad, reported):
+    labels = LABELS.copy()
+    labels[1] = bad
+    est = estimator(model_dir, classifier())
+    error = stopped(lambda: est.train(classification_input_fn(labels), max_steps=3), tf.errors.InvalidArgumentError,
+                    f"Received a label value of {reported} which is outside the valid range of [0, 3).  Label values: "
+                    f"{' '.join(map(str, labels[:BATCH]))}", "sparse_softmax_cross_entropy_loss/xentropy/xentropy",
+                    "bad_input_helpers.py", model_dir=model_dir)
+    cpu = CerebrasEstimator(classifier(), model_dir=str(tmp_path / "cpu"), config=CSRunConfig(),
+                            params={"batch_size": BATCH})
+    with pytest.raises(tf.errors.InvalidArgumentError) as on_cpu:
+        cpu.train(classification_input_fn(labels), max_steps=3)
+    assert str(error).split("\n")[0] in on_cpu.value.message  # TF's own words
+
+
+def test_a_label_out_of_range_in_evaluation_raises_too(model_dir):
+    estimator(model_dir, classifier()).train(classification_input_fn(), max_steps=1)
+    cerebras_tf.release_system()
+    labels = LABELS.copy()
+    labels[5] = 3
+    est = estimator(model_dir, classifier())
+    stopped(lambda: est.evaluate(classification_input_fn(labels), steps=3, use_cs=True),
+            tf.errors.InvalidArgumentError, "Received a label value of 3 which is outside the valid range of [0, 3)",
+            model_dir=model_dir)
+
+
+# --------------------------------------------------------------------------- NaN loss
+
+
+NAN_BATCHES = {
+    "NaN features": lambda: regression_input_fn(_with(X, 2, np.nan), Y),
+    "NaN label": lambda: regression_input_fn(X, _with(Y, 0, np.nan)),
+    "Inf features": lambda: regression_input_fn(_with(X, 1, np.inf), Y),
+}
+
+
+@pytest.mark.parametrize("data", list(NAN_BATCHES))
+def test_a_nan_loss_stops_training_with_the_estimators_error(model_dir, data):
+    est = estimator(model_dir)
+    error = stopped(lambda: est.train(NAN_BATCHES[data](), max_steps=5), NanLossError,
+                    "NaN loss during training. The loss was NaN at global step 1", "the batch holds NaN or Inf",
+                    "nothing after global step 0 was saved", model_dir=model_dir)
+    assert isinstance(error, NanLossDuringTrainingError) and isinstance(error, cerebras_tf.CerebrasError)
+
+
+def test_a_nan_loss_after_a_checkpoint_keeps_that_checkpoint(prior_checkpoint):
+    data = regression_input_fn(_with(X, 2, np.nan), Y)
+    stopped(lambda: estimator(prior_checkpoint).train(data, max_steps=6), NanLossError,
+            "The loss was NaN at global step 3", "nothing after global step 2 was saved", model_dir=prior_checkpoint)
+
+
+def test_the_cpu_estimator_raises_the_same_error_type(tmp_path):
+    """(A NaN label: with NaN features, TF's oneDNN fused MatMul+ReLU on CPU turns NaN into 0, so the CPU loss
+    stays finite while the weights become NaN; the simulated WSE computes ReLU(NaN) = NaN and stops.)"""
+    cpu = CerebrasEstimator(estimator(str(tmp_path)).user_model_fn, model_dir=str(tmp_path / "cpu"),
+                            config=CSRunConfig(), params={"batch_size": BATCH})
+    with pytest.raises(NanLossDuringTrainingError, match="NaN loss during training."):
+        cpu.train(NAN_BATCHES["NaN label"](), max_steps=2)
+
+
+# --------------------------------------------------------------------------- overflowing at the minimum scale
+
+# Labels near float32's max: the loss is +inf (not NaN) and the unscaled gradients overflow at any scale.
+HUGE = np.full_like(Y, 3e38)
+
+
+@pytest.fixture
+def float32_half():
+    previous = amp.get_half_dtype()
+    amp.set_half_dtype("float32")
+    yield
+    amp.set_half_dtype(previous)
+
+
+@pytest.mark.parametrize("scaler, scale_text, last_step", [
+    (None, "the minimum loss scale 6.10352e-05", 29 + OVERFLOW_STEPS_AT_MIN_SCALE),  # default: 2**15 halves to 2**-14
+    (amp.GradScaler("dynamic", init_scale=2.0 ** -14), "the minimum loss scale", OVERFLOW_STEPS_AT_MIN_SCALE),
+    (amp.GradScaler(128.0), "the static loss scale 128", OVERFLOW_STEPS_AT_MIN_SCALE),
+])
+def test_steps_that_keep_overflowing_at_the_minimum_scale_stop_the_run(model_dir, float32_half, scaler, scale_text,
+                                                                       last_step):
+    est = estimator(model_dir, None if scaler is None else _regressor_with(scaler))
+    stopped(lambda: est.train(regression_input_fn(X, HUGE), max_steps=100), NanLossError,
+            "NaN loss during training.", f"not finite on {OVERFLOW_STEPS_AT_MIN_SCALE} consecutive steps",
+            f"up to global step {last_step}, loss inf", scale_text, model_dir=model_dir)
+
+
+def _regressor_with(scaler: amp.GradScaler) -> Callable:
+    def model_fn(features, labels, mode, params):
+        predictions = tf.compat.v1.layers.dense(features, 1, name="output")
+        loss = tf.compat.v1.losses.mean_squared_error(labels, predictions)
+        train_op = amp.optimizer_step(loss, tf.compat.v1.train.GradientDescentOptimizer(0.01), scaler)
+        return cerebras_tf.CSEstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    return model_fn
+
+
+def test_an_ordinary_overflow_is_still_skipped_in_silence(model_dir):
+    """float16 activations past 65504 on one batch: the step is skipped, the scale lowered, training goes on."""
+    previous = amp.get_half_dtype()
+    amp.set_half_dtype("float16")
+    try:
+        est = estimator(model_dir)
+        est.train(regression_input_fn(_with(X, 0, 6e4), Y), max_steps=6)
+    finally:
+        amp.set_half_dtype(previous)
+    assert "./model.ckpt-6.index" in (checkpoint_files(model_dir) or {})
