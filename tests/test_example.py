@@ -74,12 +74,14 @@ def test_validate_only_on_a_cs_system_passes_and_writes_nothing(params, tmp_path
     assert "TF_CONFIG" in os.environ  # the example sets the default, as Cerebras scripts do
 
 
-def test_compile_only_writes_the_artifact_and_prints_the_placement(params, tmp_path, capsys):
+def test_compile_only_writes_the_artifact_and_prints_a_summary(params, tmp_path, capsys):
     example.run(params=params, model_dir=str(tmp_path), cs_ip=CS_IP, compile_only=True)
-    assert (tmp_path / "cs_compile" / "train" / "program.json").exists()
-    assert (tmp_path / "cs_compile" / "train" / "report.json").exists()
-    printed = capsys.readouterr().out
-    assert "Pipelined placement on WSE-2" in printed and "fc_output" in printed
+    for name in ("program.json", "report.json", "report.txt", "placement.png"):
+        assert (tmp_path / "cs_compile" / "train" / name).exists()
+    assert "Pipelined placement on WSE-2" in (tmp_path / "cs_compile" / "train" / "report.txt").read_text()
+    printed = capsys.readouterr().out  # the report itself is logged (once), not printed again
+    assert re.search(r"Compiled \d+ kernels \(\d+ \+ \d+ precision casts\) to .*cs_compile/train \(built; ", printed)
+    assert re.search(r"Estimated [\d,]+ samples/s on WSE-2 \(limited by host_io\)", printed), printed
 
 
 def test_runconfig_params_reach_the_cs_rules_before_anything_is_written(params, tmp_path):
