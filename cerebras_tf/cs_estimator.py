@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import tensorflow as tf
 
-from cerebras_tf import rules
+from cerebras_tf import logs, rules
 from cerebras_tf.compiler.driver import CompileResult, compile_model, program_hash
 from cerebras_tf.cs_training import checkpoint_to_evaluate, evaluate_on_system, predict_on_system, train_on_system
 from cerebras_tf.precheck import precheck
@@ -19,6 +19,7 @@ from cerebras_tf.wse.system import check_system, program_system
 from estimator import CapturedModel, EstimatorBase, EstimatorSpec, ModeKeys, RunConfig
 
 _log = tf.compat.v1.logging
+logs.install()  # each log message once; no deprecation notices about our own calls
 
 # TensorBoard on model_dir shows the compiled placement from this subdirectory.
 PLACEMENT_SUMMARY_DIR = "cs_placement"
@@ -216,7 +217,9 @@ class CerebrasEstimator(EstimatorBase):
             system_name=settings.system_name,
             fabric=settings.fabric,
         )
-        _log.info("%s\n%s", "Validated" if validate_only else "Compiled", result.report)
+        if not result.reused:  # a reused artifact's report was logged when it was built (and is in compile_dir)
+            saved = f"saved in {result.artifact_dir}" if result.artifact_dir else "not saved"
+            _log.info("%s report (%s):\n%s", "Validation" if validate_only else "Compile", saved, result.report)
         if result.placement is not None and not result.reused:
             write_image_summary(os.path.join(self.model_dir, PLACEMENT_SUMMARY_DIR),
                                 f"placement/{model.input.mode}", result.placement.to_png())

@@ -49,6 +49,11 @@ class CompileResult:
     def kernel_counts(self) -> dict[str, int]:
         return self.program.kernel_counts()
 
+    @property
+    def kernel_summary(self) -> str:
+        """The kernel count and what it counts, e.g. "84 kernels (75 + 9 precision casts)"."""
+        return report.kernel_summary(self.program)
+
 
 def program_hash(model: CapturedModel, validate_only: bool = False) -> str:
     """The identity of the program `model` compiles to (graph, mode, casts, compiler version)."""
@@ -80,7 +85,8 @@ def compile_model(model: CapturedModel, *, validate_only: bool = False, compile_
         if program is not None:
             with open(os.path.join(directory, artifact.REPORT_FILE), encoding="utf-8") as f:
                 text = f.read()
-            _log.info("Reusing the compiled artifact in %s (graph hash %s).", directory, graph_hash[:12])
+            _log.info("Reusing the compiled artifact in %s (graph hash %s, %s; report in %s).", directory,
+                      graph_hash[:12], report.kernel_summary(program), artifact.REPORT_FILE)
             placement = layout.place_program(program, fabric) if fabric is not None else None  # deterministic
             return CompileResult(program, text, graph_hash, False, True, directory, note,
                                  time.perf_counter() - start, placement)
@@ -90,14 +96,14 @@ def compile_model(model: CapturedModel, *, validate_only: bool = False, compile_
     seconds = time.perf_counter() - start
     text = report.render(program, stats, graph_hash=graph_hash, system=system, seconds=seconds)
     if placement is not None:
-        text += "\n\n" + placement.render_table() + "\n"
+        text += "\n" + placement.render_table() + "\n"
     if directory is not None:
         extra = {} if placement is None else {
             PLACEMENT_REPORT_FILE: json.dumps(placement.to_dict(), indent=2, sort_keys=True).encode(),
             PLACEMENT_PICTURE_FILE: placement.to_png(),
         }
         artifact.write_artifact(directory, program, text, graph_hash, system, extra)
-        _log.info("Compiled %d kernels to %s (%s).", len(program.kernels), directory, note)
+        _log.info("Compiled %s to %s (%s).", report.kernel_summary(program), directory, note)
     return CompileResult(program, text, graph_hash, validate_only, False, directory, note,
                          time.perf_counter() - start, placement)
 
