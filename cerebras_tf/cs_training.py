@@ -26,7 +26,7 @@ from cerebras_tf.errors import InputWorkerError, RunArgumentError, UnsupportedTe
 from cerebras_tf.input_workers import InputStream, batch_size
 from cerebras_tf.amp.tf_loss_scaling import STATE_SCOPE as LOSS_SCALE_SCOPE, STATE_VARIABLES
 from cerebras_tf.settings import CSSettings
-from cerebras_tf.tensorboard import EventWriter, scalar_summary
+from cerebras_tf.tensorboard import EventWriter, scalar_summary, write_graph
 from cerebras_tf.wse.executor import Executor
 from estimator import CapturedModel, EstimatorBase
 
@@ -76,6 +76,7 @@ def _train(checkpoints: "CheckpointWriter", estimator: EstimatorBase, settings: 
     try:
         summaries = TrainingSummaries(estimator.model_dir, stream, estimated_samples_per_sec, program,
                                       settings.save_summary_steps)
+        summaries.write_graph(model.graph)
         while executor.global_step < last:
             try:
                 features, labels = next(stream)
@@ -119,11 +120,12 @@ class TrainingSummaries:
     tf.estimator's summary saver picks (the run's first step, then every N
     steps): the model_fn's scalar and histogram summaries (ModelSummaries).
     One event file of TF1 summaries (simple_value scalars), as the Estimator
-    writes.
+    writes, which also holds the run's graph (write_graph, with graph.pbtxt).
     """
 
     def __init__(self, model_dir: str, stream: InputStream, estimated_samples_per_sec: float | None,
                  program: ir.Program | None = None, save_summary_steps: int | None = None) -> None:
+        self._model_dir = model_dir
         self._writer = EventWriter(model_dir)
         self._stream = stream
         self._estimate = estimated_samples_per_sec
@@ -136,6 +138,10 @@ class TrainingSummaries:
         self._last_summary: int | None = None
         if len(stream.workers) > 1:
             _log.info("Streaming input from %d input workers: %s.", len(stream.workers), ", ".join(stream.workers))
+
+    def write_graph(self, graph: tf.Graph) -> None:
+        """The run's graph: graph.pbtxt in model_dir and the run's event file, as tf.estimator writes them."""
+        write_graph(self._model_dir, graph, self._writer)
 
     def step_done(self, batch_size: int) -> None:
         self._window_steps += 1
