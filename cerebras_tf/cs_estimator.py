@@ -1,6 +1,7 @@
 """CerebrasEstimator: a tf.estimator.Estimator that can target the CS system."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 from typing import Any, Callable, Iterable, Iterator
@@ -189,11 +190,15 @@ class CerebrasEstimator(EstimatorBase):
         A full compile also places the layers on the fabric (config.fabric):
         report.json and placement.png in the artifact, the placement table in
         the report, and an image summary under model_dir/cs_placement for
-        TensorBoard. Returns the CompileResult (program, kernel counts, report,
-        placement, reused).
+        TensorBoard. What a training run in this environment would refuse
+        (TF_CONFIG unset or invalid) is a warning, logged and listed under
+        "Warnings" at the end of the report (CompileResult.warnings), not an
+        error. Returns the CompileResult (program, kernel counts, report,
+        placement, reused, warnings).
         """
         settings = self._settings()
-        return self._compile(precheck(self, input_fn, mode, settings=settings), validate_only, settings)
+        result = self._compile(precheck(self, input_fn, mode, settings=settings), validate_only, settings)
+        return _warn_about_environment(result, settings, mode)
 
     def _program_system(self, model: CapturedModel, settings: CSSettings) -> CompileResult:
         """Compile the model and program the simulated system with it.
@@ -224,6 +229,24 @@ class CerebrasEstimator(EstimatorBase):
             write_image_summary(os.path.join(self.model_dir, PLACEMENT_SUMMARY_DIR),
                                 f"placement/{model.input.mode}", result.placement.to_png())
         return result
+
+
+def _warn_about_environment(result: CompileResult, settings: CSSettings, mode: str) -> CompileResult:
+    """`result` with the problems a CS training run would find in this environment (TF_CONFIG) as warnings.
+
+    compile() needs no TF_CONFIG, so it does not refuse the model for it; but a
+    precheck that says OK and a train() that then stops on TF_CONFIG would
+    mislead, so the report says what training will need.
+    """
+    if mode != ModeKeys.TRAIN:
+        return result
+    problems = rules.config.check_tf_config(settings)
+    if not problems:
+        return result
+    text = "Warnings (compile() does not need these, but train(use_cs=True) in this environment stops on them):\n"
+    text += "\n".join("  " + problem.render().replace("\n", "\n  ") for problem in problems)
+    _log.warning("%s", text)
+    return dataclasses.replace(result, report=f"{result.report.rstrip()}\n\n{text}\n", warnings=problems)
 
 
 def _single_examples(batches: Iterator[Any]) -> Iterator[Any]:

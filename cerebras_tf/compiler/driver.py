@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from cerebras_tf import ir
 from cerebras_tf.compiler import artifact, layout, lower, report
+from cerebras_tf.errors import CerebrasError
 from cerebras_tf.wse.fabric import Fabric
 from cerebras_tf.wse.placement import PlacementReport
 from estimator import CapturedModel
@@ -44,6 +45,9 @@ class CompileResult:
     note: str = ""  # why the artifact was (re)built, or "reused"
     seconds: float = 0.0
     placement: PlacementReport | None = None  # full compile for a fabric: the pipelined layout
+    # What a run in this environment would refuse that compile() does not need (e.g. TF_CONFIG for training);
+    # also under "Warnings" at the end of `report` (not in the artifact's report, which is the program's).
+    warnings: list[CerebrasError] = dataclasses.field(default_factory=list)
 
     @property
     def kernel_counts(self) -> dict[str, int]:
