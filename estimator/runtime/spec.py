@@ -86,7 +86,12 @@ def as_estimator_spec(result: Any) -> EstimatorSpec:
 
 
 def _in_default_graph(value: Any) -> bool:
-    return tf.executing_eagerly() or value.graph is tf.compat.v1.get_default_graph()
+    # An eager tensor has no graph (its .graph raises): it is not the model's.
+    return tf.executing_eagerly() or getattr(value, "graph", None) is tf.compat.v1.get_default_graph()
+
+
+def _name(value: Any) -> str:
+    return getattr(value, "name", None) or repr(value)  # an eager tensor's .name raises
 
 
 def _is_tensor(value: Any) -> bool:
@@ -109,7 +114,7 @@ def _checked_train_op(train_op: Any, mode: str) -> Any:
     if isinstance(train_op, tf.Variable):
         train_op = train_op.op
     if not _in_default_graph(train_op):
-        raise ValueError(_NOT_IN_DEFAULT_GRAPH.format("train_op", train_op.name))
+        raise ValueError(_NOT_IN_DEFAULT_GRAPH.format("train_op", _name(train_op)))
     return train_op
 
 
@@ -125,7 +130,7 @@ def _checked_loss(loss: Any, mode: str) -> Any:
     if not shape.is_compatible_with(tf.TensorShape([])):
         loss = tf.reshape(loss, [])
     if not _in_default_graph(loss):
-        raise ValueError(_NOT_IN_DEFAULT_GRAPH.format("loss", loss.name))
+        raise ValueError(_NOT_IN_DEFAULT_GRAPH.format("loss", _name(loss)))
     return loss
 
 
@@ -138,11 +143,11 @@ def _checked_predictions(predictions: Any, mode: str) -> Any:
         predictions = {key: _tensor(value, f"predictions[{key}]") for key, value in predictions.items()}
         for key, value in predictions.items():
             if not _in_default_graph(value):
-                raise ValueError(_NOT_IN_DEFAULT_GRAPH.format("prediction values", f"{key}: {value.name}"))
+                raise ValueError(_NOT_IN_DEFAULT_GRAPH.format("prediction values", f"{key}: {_name(value)}"))
         return predictions
     predictions = _tensor(predictions, "predictions")
     if not _in_default_graph(predictions):
-        raise ValueError(_NOT_IN_DEFAULT_GRAPH.format("prediction values", predictions.name))
+        raise ValueError(_NOT_IN_DEFAULT_GRAPH.format("prediction values", _name(predictions)))
     return predictions
 
 
@@ -176,7 +181,7 @@ def _checked_eval_metric_ops(eval_metric_ops: Any) -> dict[str, Any]:
         members = [*value.updates, value.result()] if _is_keras_metric(value) else tf.nest.flatten(value)
         for member in members:
             if not _in_default_graph(member):
-                raise ValueError(_NOT_IN_DEFAULT_GRAPH.format("eval_metric_ops", f"{key}: {member.name}"))
+                raise ValueError(_NOT_IN_DEFAULT_GRAPH.format("eval_metric_ops", f"{key}: {_name(member)}"))
     metric_variables: list[Any] = []
     for key, value in list(eval_metric_ops.items()):
         if _is_keras_metric(value):

@@ -129,6 +129,18 @@ def loss_lines(lines: list[str]) -> list[tuple[str, int]]:
     return [(m.group(1), int(m.group(2))) for m in found if m]
 
 
+def assert_logged_steps(lines: list[str], expected: list[int]) -> None:
+    """The steps of the "loss = ..., step = ..." lines, each as expected or one more.
+
+    TF's LoggingTensorHook reads the global step in the same session.run as
+    the train_op that increments it, with no order between the two (in
+    tf.estimator as here), so the value logged may be the one after the step.
+    """
+    steps = [step for _, step in loss_lines(lines)]
+    assert len(steps) == len(expected), steps
+    assert all(step in (want, want + 1) for step, want in zip(steps, expected)), steps
+
+
 def event_tags(directory: str) -> dict[str, list[tuple[int, float]]]:
     """{tag: [(step, simple_value)]} of the scalar summaries in `directory`'s event files."""
     tags: dict[str, list[tuple[int, float]]] = {}

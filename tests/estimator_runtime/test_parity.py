@@ -95,7 +95,10 @@ def _assert_same(theirs: Run, ours: Run) -> None:
     for mine, reference in zip(ours.batches, theirs.batches):
         assert list(mine) == list(reference) == ["y"]
         np.testing.assert_array_equal(mine["y"], reference["y"])
-    assert models.loss_lines(ours.log) == models.loss_lines(theirs.log)
+    assert [loss for loss, _ in models.loss_lines(ours.log)] == [loss for loss, _ in models.loss_lines(theirs.log)]
+    ours_steps, theirs_steps = ([step for _, step in models.loss_lines(run.log)] for run in (ours, theirs))
+    assert len(ours_steps) == len(theirs_steps)
+    assert all(abs(a - b) <= 1 for a, b in zip(ours_steps, theirs_steps))  # see models.assert_logged_steps
     assert [(n.name, n.op) for n in ours.graph.node] == [(n.name, n.op) for n in theirs.graph.node]
 
 
@@ -115,14 +118,19 @@ def test_dense_layers_model_matches_tf_estimator(tmp_path):
     assert sorted(theirs.variables) == ["global_step", "hidden/bias", "hidden/kernel", "output/bias",
                                         "output/kernel"]
     assert theirs.metrics["global_step"] == 14
-    assert [step for _, step in models.loss_lines(ours.log)] == [0, 4, 8, 12]  # the second train() logs its first step
+    for run in (ours, theirs):
+        models.assert_logged_steps(run.log, [0, 4, 8, 12])  # the second train() logs its first step
     assert any(line.startswith("Saving dict for global step 14: global_step = 14, loss = ") for line in ours.log)
     assert ours.log.count("Skipping training since max_steps has already saved.") == 0
     _assert_summaries(ours, set())
     _assert_summaries(theirs, set())
-    ours_steps = [step for step, _ in models.event_tags(ours.model_dir)["loss"]]
-    theirs_steps = [step for step, _ in models.event_tags(theirs.model_dir)["loss"]]
-    assert ours_steps == theirs_steps
+    # Summaries every 3 steps from the first. Not compared step by step: TF's SummarySaverHook reads the global
+    # step in the same session.run as the train_op increments it (unordered), so under load both Estimators
+    # may shift a summary by a step.
+    ours_steps, theirs_steps = ([step for step, _ in models.event_tags(run.model_dir)["loss"]]
+                                for run in (ours, theirs))
+    assert ours_steps[0] == theirs_steps[0] == 1
+    assert abs(len(ours_steps) - len(theirs_steps)) <= 1
 
 
 def test_dict_features_with_dropout_and_adam_match_tf_estimator(tmp_path):
