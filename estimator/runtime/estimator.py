@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from estimator.runtime import calls, evaluator, hooks as hooks_lib, inputs, predictor, trainer
 from estimator.runtime.cluster import TaskType
-from estimator.runtime.run_config import RunConfig, default_session_config, path_to_str
+from estimator.runtime.run_config import RunConfig, as_run_config, default_session_config, path_to_str
 from estimator.runtime.spec import EstimatorSpec
 from estimator.runtime.warm_start import warm_start_settings
 
@@ -214,8 +214,7 @@ def _config_with_model_dir(config: RunConfig | None, model_dir: Any) -> RunConfi
     if config is None:
         config = RunConfig()
         _log.info("Using default config.")
-    if not isinstance(config, RunConfig):
-        raise ValueError(f"config must be an instance of `RunConfig`, but provided {config}.")
+    config = as_run_config(config)
     if config.session_config is None:
         config = config.replace(session_config=default_session_config())
     model_dir = path_to_str(model_dir)

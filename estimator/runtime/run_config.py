@@ -297,3 +297,17 @@ def _validate(config: RunConfig) -> None:
         if value is not None and not ok(value):
             raise ValueError(message)
 
+
+
+def as_run_config(config: Any) -> RunConfig:
+    """`config` as our RunConfig.
+
+    tf.estimator's own RunConfig (TF <= 2.15) is copied into one, setting for
+    setting, so a script that builds tf.estimator.RunConfig runs on this
+    runtime unchanged (CEREBRAS_TF_ESTIMATOR=runtime).
+    """
+    if isinstance(config, RunConfig):
+        return config
+    if type(config).__name__ == "RunConfig" and type(config).__module__.startswith("tensorflow_estimator."):
+        return RunConfig(**{name: getattr(config, "_" + name) for name in REPLACEABLE if hasattr(config, "_" + name)})
+    raise ValueError(f"config must be an instance of `RunConfig`, but provided {config}.")

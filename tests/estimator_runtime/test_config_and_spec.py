@@ -208,3 +208,16 @@ def test_tf_estimator_specs_are_accepted(tmp_path):
     estimator = Estimator(models.dense_model_fn(tfe, layers=False), model_dir=str(tmp_path), params={})
     estimator.train(models.input_fn(), steps=2)
     assert estimator.evaluate(models.input_fn(), steps=1)["global_step"] == 2
+
+
+def test_tf_estimator_run_configs_are_accepted(tmp_path):
+    tfe = pytest.importorskip("tensorflow_estimator").estimator
+    config = tfe.RunConfig(tf_random_seed=4, save_checkpoints_steps=7, keep_checkpoint_max=2)
+    estimator = Estimator(models.dense_model_fn(runtime, layers=False), model_dir=str(tmp_path), config=config,
+                          params={})
+    assert isinstance(estimator.config, RunConfig)
+    assert (estimator.config.tf_random_seed, estimator.config.save_checkpoints_steps) == (4, 7)
+    assert (estimator.config.save_checkpoints_secs, estimator.config.keep_checkpoint_max) == (None, 2)
+    defaults = Estimator(models.dense_model_fn(runtime, layers=False), model_dir=str(tmp_path),
+                         config=tfe.RunConfig(), params={}).config
+    assert (defaults.save_checkpoints_steps, defaults.save_checkpoints_secs) == (None, 600)
