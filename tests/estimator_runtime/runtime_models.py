@@ -113,14 +113,14 @@ class _Collect(logging.Handler):
 def tf_log_lines() -> Iterator[list[str]]:
     """Collect the messages TensorFlow logs at INFO level inside the block."""
     logger = tf.get_logger()
-    handler, verbosity = _Collect(), tf.compat.v1.logging.get_verbosity()
-    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.INFO)
+    handler, level = _Collect(), logger.level  # the logger's own level (often NOTSET), not the effective one
+    logger.setLevel(logging.INFO)
     logger.addHandler(handler)
     try:
         yield handler.lines
     finally:
         logger.removeHandler(handler)
-        tf.compat.v1.logging.set_verbosity(verbosity)
+        logger.setLevel(level)
 
 
 def loss_lines(lines: list[str]) -> list[tuple[str, int]]:
