@@ -39,6 +39,15 @@ def test_only_the_estimator_layer_touches_tensorflow_estimator():
         assert not offending, f"{path.relative_to(ROOT)} imports {offending}"
 
 
+def test_the_estimator_runtime_imports_only_tensorflow():
+    """estimator.runtime must work where tensorflow-estimator cannot be installed (TF >= 2.16)."""
+    for path in _python_files("estimator", "runtime"):
+        offending = {m for m in _imported_modules(path)
+                     if m.split(".")[0] == "tensorflow_estimator" or m.split(".")[0] == "cerebras_tf"
+                     or (m.startswith("estimator") and not m.startswith("estimator.runtime"))}
+        assert not offending, f"{path.relative_to(ROOT)} imports {offending}"
+
+
 def test_estimator_layer_never_imports_the_cerebras_layer():
     for path in _python_files("estimator"):
         offending = {m for m in _imported_modules(path) if m.split(".")[0] == "cerebras_tf"}
