@@ -31,7 +31,7 @@ def global_step_in(model_dir: str) -> int:
         return 0
     try:
         return int(tf.train.load_variable(latest, tf.compat.v1.GraphKeys.GLOBAL_STEP))
-    except (tf.errors.NotFoundError, ValueError):
+    except (tf.errors.OpError, ValueError):  # no global_step in it, or unreadable: train from the start
         return 0
 
 
