@@ -22,6 +22,7 @@ import tensorflow as tf
 import cerebras_tf
 from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, amp
 from cerebras_tf.errors import CerebrasError
+from estimator import ModeKeys
 
 CS_IP = "localhost:9000"
 BATCH_SIZE = 4
@@ -33,7 +34,6 @@ LEARNING_RATE = 0.1
 DEFAULT_TF_CONFIG = {"cluster": {"chief": ["localhost:2222"]}, "task": {"type": "chief", "index": 0}}
 
 THIS_FILE = os.path.abspath(__file__)
-ModeKeys = tf.estimator.ModeKeys
 
 
 class Data(NamedTuple):
