@@ -8,7 +8,9 @@ Public API:
   cerebras.tf.tf_helper.GetWeights)
 
 The names that need TensorFlow are imported on first use, so the numpy-only
-parts (cerebras_tf.wse, cerebras_tf.amp) load without TensorFlow.
+parts (cerebras_tf.wse, cerebras_tf.amp) load without TensorFlow. Loading one
+also quiets TensorFlow's log (`cerebras_tf.logs`: each message once, no
+deprecation notices about calls the user did not write).
 """
 from __future__ import annotations
 
@@ -33,6 +35,9 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
+        from cerebras_tf import logs
+
+        logs.install()
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value

@@ -1,14 +1,14 @@
 """CerebrasEstimator: a tf.estimator.Estimator that can target the CS system."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
-import traceback
 from typing import Any, Callable, Iterable, Iterator
 
 import tensorflow as tf
 
-from cerebras_tf import rules
+from cerebras_tf import logs, rules
 from cerebras_tf.amp.tf_loss_scaling import STATE_SCOPE as LOSS_SCALE_SCOPE
 from cerebras_tf.compiler.driver import CompileResult, compile_model, program_hash
 from cerebras_tf.cs_training import checkpoint_to_evaluate, evaluate_on_system, predict_on_system, train_on_system
@@ -20,9 +20,10 @@ from cerebras_tf.spec import to_plain_spec
 from cerebras_tf.tensorboard import write_image_summary
 from cerebras_tf.wse.system import check_system, program_system
 from estimator import CapturedModel, EstimatorBase, EstimatorSpec, ModeKeys, RunConfig
-from estimator.source import user_frame
+from estimator.source import caller_location
 
 _log = tf.compat.v1.logging
+logs.install()  # each log message once; no deprecation notices about our own calls
 
 # TensorBoard on model_dir shows the compiled placement from this subdirectory.
 PLACEMENT_SUMMARY_DIR = "cs_placement"
@@ -67,7 +68,7 @@ class CerebrasEstimator(EstimatorBase):
             warm_start_from=warm_start_from,
         )
         self._compile_dir = compile_dir or os.path.join(self.model_dir, "cs_compile")
-        self._created_at = user_frame(traceback.extract_stack())  # where errors about params/a RunConfig point
+        self._created_at = caller_location()  # where errors about params/a RunConfig point
 
     @property
     def compile_dir(self) -> str:
@@ -237,13 +238,17 @@ class CerebrasEstimator(EstimatorBase):
         A full compile also places the layers on the fabric (config.fabric):
         report.json and placement.png in the artifact, the placement table in
         the report, and an image summary under model_dir/cs_placement for
-        TensorBoard. Returns the CompileResult (program, kernel counts, report,
-        placement, reused).
+        TensorBoard. What a training run in this environment would refuse
+        (TF_CONFIG unset or invalid) is a warning, logged and listed under
+        "Warnings" at the end of the report (CompileResult.warnings), not an
+        error. Returns the CompileResult (program, kernel counts, report,
+        placement, reused, warnings).
         """
         raise_problems(rules.run.check_compile_mode(mode))
         settings = self._settings()
         problems = self._call_problems(settings, writes=not validate_only)
-        return self._compile(precheck(self, input_fn, mode, problems, settings), validate_only, settings)
+        result = self._compile(precheck(self, input_fn, mode, problems, settings), validate_only, settings)
+        return _warn_about_environment(result, settings, mode)
 
     def _program_system(self, model: CapturedModel, settings: CSSettings) -> CompileResult:
         """Compile the model and program the simulated system with it.
@@ -267,11 +272,31 @@ class CerebrasEstimator(EstimatorBase):
             system_name=settings.system_name,
             fabric=settings.fabric,
         )
-        _log.info("%s\n%s", "Validated" if validate_only else "Compiled", result.report)
+        if not result.reused:  # a reused artifact's report was logged when it was built (and is in compile_dir)
+            saved = f"saved in {result.artifact_dir}" if result.artifact_dir else "not saved"
+            _log.info("%s report (%s):\n%s", "Validation" if validate_only else "Compile", saved, result.report)
         if result.placement is not None and not result.reused:
             write_image_summary(os.path.join(self.model_dir, PLACEMENT_SUMMARY_DIR),
                                 f"placement/{model.input.mode}", result.placement.to_png())
         return result
+
+
+def _warn_about_environment(result: CompileResult, settings: CSSettings, mode: str) -> CompileResult:
+    """`result` with the problems a CS training run would find in this environment (TF_CONFIG) as warnings.
+
+    compile() needs no TF_CONFIG, so it does not refuse the model for it; but a
+    precheck that says OK and a train() that then stops on TF_CONFIG would
+    mislead, so the report says what training will need.
+    """
+    if mode != ModeKeys.TRAIN:
+        return result
+    problems = rules.config.check_tf_config(settings)
+    if not problems:
+        return result
+    text = "Warnings (compile() does not need these, but train(use_cs=True) in this environment stops on them):\n"
+    text += "\n".join("  " + problem.render().replace("\n", "\n  ") for problem in problems)
+    _log.warning("%s", text)
+    return dataclasses.replace(result, report=f"{result.report.rstrip()}\n\n{text}\n", warnings=problems)
 
 
 def _single_examples(batches: Iterator[Any]) -> Iterator[Any]:

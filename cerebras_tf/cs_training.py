@@ -29,7 +29,7 @@ from cerebras_tf.errors import InputWorkerError, RunArgumentError, UnsupportedTe
 from cerebras_tf.input_workers import InputStream, batch_size
 from cerebras_tf.amp.tf_loss_scaling import STATE_SCOPE as LOSS_SCALE_SCOPE, STATE_VARIABLES
 from cerebras_tf.settings import CSSettings
-from cerebras_tf.tensorboard import EventWriter, scalar_summary
+from cerebras_tf.tensorboard import EventWriter, scalar_summary, write_graph
 from cerebras_tf.wse.executor import Executor, StepResult
 from cerebras_tf.wse.kernels import KernelInputError
 from estimator import CapturedModel, EstimatorBase
@@ -50,7 +50,15 @@ def train_on_system(estimator: EstimatorBase, settings: CSSettings, model: Captu
     when input_fn's data ends; if the input workers fail, the progress made
     since the last checkpoint is saved before the error is raised.
     """
-    checkpoints = CheckpointWriter(program, model, estimator.model_dir, settings.keep_checkpoint_max)
+    with CheckpointWriter(program, model, estimator.model_dir, settings.keep_checkpoint_max) as checkpoints:
+        return _train(checkpoints, estimator, settings, model, program, input_fn, steps, max_steps,
+                      estimated_samples_per_sec)
+
+
+def _train(checkpoints: "CheckpointWriter", estimator: EstimatorBase, settings: CSSettings, model: CapturedModel,
+           program: ir.Program, input_fn: Callable[..., Any], steps: int | None, max_steps: int | None,
+           estimated_samples_per_sec: float | None) -> int:
+    """train_on_system's run, saving with `checkpoints` (which the caller closes)."""
     values = checkpoints.starting_values(getattr(estimator, "warm_start_settings", None))
     half = settings.half_dtype
     executor = Executor(program, values, grad_scaler=checkpoints.starting_grad_scaler(half), half_dtype=half)
@@ -73,6 +81,7 @@ def train_on_system(estimator: EstimatorBase, settings: CSSettings, model: Captu
     try:
         summaries = TrainingSummaries(estimator.model_dir, stream, estimated_samples_per_sec, program,
                                       settings.save_summary_steps)
+        summaries.write_graph(model.graph)
         while executor.global_step < last:
             try:
                 features, labels = next(stream)
@@ -129,11 +138,12 @@ class TrainingSummaries:
     tf.estimator's summary saver picks (the run's first step, then every N
     steps): the model_fn's scalar and histogram summaries (ModelSummaries).
     One event file of TF1 summaries (simple_value scalars), as the Estimator
-    writes.
+    writes, which also holds the run's graph (write_graph, with graph.pbtxt).
     """
 
     def __init__(self, model_dir: str, stream: InputStream, estimated_samples_per_sec: float | None,
                  program: ir.Program | None = None, save_summary_steps: int | None = None) -> None:
+        self._model_dir = model_dir
         self._writer = EventWriter(model_dir)
         self._stream = stream
         self._estimate = estimated_samples_per_sec
@@ -146,6 +156,10 @@ class TrainingSummaries:
         self._last_summary: int | None = None
         if len(stream.workers) > 1:
             _log.info("Streaming input from %d input workers: %s.", len(stream.workers), ", ".join(stream.workers))
+
+    def write_graph(self, graph: tf.Graph) -> None:
+        """The run's graph: graph.pbtxt in model_dir and the run's event file, as tf.estimator writes them."""
+        write_graph(self._model_dir, graph, self._writer)
 
     def step_done(self, batch_size: int) -> None:
         self._window_steps += 1
@@ -291,7 +305,10 @@ class CheckpointWriter:
     as amp.optimizer_step names it on CPU) as a standard TF checkpoint in model_dir. A model doing its
     own loss scaling has its scale among its variables: then there is no amp/ state. The graph's
     global variables that the program never touches are saved too, unchanged (from the latest
-    checkpoint, else their initial values), as tf.estimator saves every global variable."""
+    checkpoint, else their initial values), as tf.estimator saves every global variable.
+
+    It holds a TF session: use it as a context manager (or call close()).
+    """
 
     def __init__(self, program: ir.Program, model: CapturedModel, model_dir: str,
                  keep_checkpoint_max: int | None) -> None:
@@ -311,9 +328,23 @@ class CheckpointWriter:
             self._init = tf.compat.v1.variables_initializer(list(variables.values()))
             self._saver = tf.compat.v1.train.Saver(variables, max_to_keep=keep_checkpoint_max, save_relative_paths=True)
         self._session = tf.compat.v1.Session(graph=self._graph)
-        state = tf.train.get_checkpoint_state(model_dir)
-        if state is not None:
-            self._saver.recover_last_checkpoints(list(state.all_model_checkpoint_paths))
+        try:
+            state = tf.train.get_checkpoint_state(model_dir)
+            if state is not None:
+                self._saver.recover_last_checkpoints(list(state.all_model_checkpoint_paths))
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Release the session that writes the checkpoints."""
+        self._session.close()
+
+    def __enter__(self) -> "CheckpointWriter":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def _untouched_variables(self) -> dict[str, np.ndarray]:
         values = initial.variables_outside(self.model, self.program)
@@ -397,9 +428,9 @@ def evaluate_on_system(estimator: EstimatorBase, settings: CSSettings, model: Ca
     reader = tf.train.load_checkpoint(path)
     executor = Executor(program, checkpoint_values(model, program, path), half_dtype=settings.half_dtype)
     global_step = int(reader.get_tensor("global_step")) if reader.has_tensor("global_step") else 0
-    host = HostMetrics(program, getattr(model.spec, "host_call", None))
     losses: list[float] = []
-    with _local_stream(input_fn, estimator.params) as batches:
+    with HostMetrics(program, getattr(model.spec, "host_call", None)) as host, \
+            _local_stream(input_fn, estimator.params) as batches:
         for _ in range(steps):
             try:
                 features, labels = next(batches)
@@ -409,7 +440,7 @@ def evaluate_on_system(estimator: EstimatorBase, settings: CSSettings, model: Ca
             outputs = run_step(executor, features, labels).outputs
             losses.append(float(outputs["loss"]))
             host.update(outputs)
-    metrics = {**host.result(), "loss": float(np.mean(losses)), "global_step": global_step}
+        metrics = {**host.result(), "loss": float(np.mean(losses)), "global_step": global_step}
     writer = tf.summary.create_file_writer(os.path.join(estimator.model_dir, "eval"))
     with writer.as_default():
         for name, value in metrics.items():
@@ -458,13 +489,15 @@ class HostMetrics:
 
     fn gets placeholders in the nest the model_fn gave (program.host_call's
     structure: None stays None, lists, tuples and dicts rebuilt), positionally
-    or by keyword; half-precision outputs arrive as float32.
+    or by keyword; half-precision outputs arrive as float32. With a host_call it
+    holds a TF session: use it as a context manager (or call close()).
     """
 
     def __init__(self, program: ir.Program, host_call: Any) -> None:
         self._keys = [key for key in program.outputs if key.startswith(f"{ir.HOST_CALL_PREFIX}/")]
         self._graph = tf.Graph()
         self._metrics: dict[str, Any] = {}
+        self._session: Any = None
         if host_call is None or program.host_call is None:
             return
         with self._graph.as_default():
@@ -476,7 +509,23 @@ class HostMetrics:
             args, kwargs = ir.host_call_arguments(program.host_call, self._feeds.__getitem__)
             self._metrics = host_call[0](*args, **kwargs)
             self._session = tf.compat.v1.Session(graph=self._graph)
-            self._session.run(tf.compat.v1.local_variables_initializer())
+            try:
+                self._session.run(tf.compat.v1.local_variables_initializer())
+            except BaseException:
+                self.close()
+                raise
+
+    def close(self) -> None:
+        """Release the session that computes the metrics (if there is one)."""
+        if self._session is not None:
+            self._session.close()
+
+    def __enter__(self) -> "HostMetrics":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def update(self, outputs: dict[str, np.ndarray]) -> None:
         if self._metrics:
             with self._graph.as_default():

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import traceback
 from typing import Any, Mapping
 
 from cerebras_tf.cluster import check_num_input_workers, input_worker_count
@@ -19,7 +18,7 @@ from cerebras_tf.cs_config import (
 from cerebras_tf.errors import ConfigValueError
 from cerebras_tf.wse.fabric import WSE2, Fabric, fabric_by_name
 from estimator import RunConfig
-from estimator.source import user_frame
+from estimator.source import caller_location
 
 # CSRunConfig checkpoints by steps (tf.estimator.RunConfig defaults to every
 # 600 seconds, which the CS system does not support).
@@ -125,7 +124,7 @@ class CSRunConfig(RunConfig):
         self._stack_params = Settings(stack_params or {})
         self._num_input_workers = num_input_workers
         self._input_worker_timeout_secs = float(input_worker_timeout_secs)
-        self._created_at = user_frame(traceback.extract_stack())
+        self._created_at = caller_location()
         warn_ignored(fields, self._stack_params, stacklevel=2)
 
     @property

@@ -1,10 +1,12 @@
 """The accelerator-agnostic Estimator layer.
 
-Resolves the Estimator API for the installed TensorFlow, captures input_fn +
-model_fn into a graph for a mode, and introspects datasets. Nothing outside
-this package touches tensorflow_estimator internals.
+Resolves the Estimator API for the installed TensorFlow (tf.estimator on
+TF <= 2.15, our own runtime, estimator.runtime, otherwise; see estimator.api),
+captures input_fn + model_fn into a graph for a mode, and introspects
+datasets. Nothing outside this package touches tensorflow_estimator internals.
 """
 from estimator.api import (
+    BACKEND,
     CheckpointSaverListener,
     Estimator,
     EstimatorSpec,
@@ -13,6 +15,7 @@ from estimator.api import (
     RunConfig,
     SessionRunHook,
     TrainSpec,
+    WarmStartSettings,
     called_from_train_and_evaluate,
     run_config_value,
     train_and_evaluate,
@@ -29,6 +32,7 @@ from estimator.dataset import (
 )
 
 __all__ = [
+    "BACKEND",
     "CapturedInput",
     "CapturedModel",
     "CheckpointSaverListener",
@@ -43,6 +47,7 @@ __all__ = [
     "SessionRunHook",
     "ShuffleSeed",
     "TrainSpec",
+    "WarmStartSettings",
     "called_from_train_and_evaluate",
     "capture_input",
     "capture_model",

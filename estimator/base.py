@@ -1,4 +1,4 @@
-"""EstimatorBase: the one place that adapts tf.estimator.Estimator internals."""
+"""EstimatorBase: the one place that adapts the Estimator's internals (tf.estimator's, or the runtime's)."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,10 +10,10 @@ from estimator.api import Estimator, EstimatorSpec
 
 
 class EstimatorBase(Estimator):
-    """A tf.estimator.Estimator that subclasses may extend.
+    """An Estimator (estimator.api's: tf.estimator's or our runtime's) that subclasses may extend.
 
     tf.estimator.Estimator refuses subclasses that override its members
-    (TPUEstimator is exempt by name). Accelerator estimators must redefine
+    (TPUEstimator is exempt by name; the runtime allows them). Accelerator estimators must redefine
     train/evaluate/predict, so this base lifts that guard, and gives one
     override point, `_adapt_spec`, applied to every spec the model_fn returns
     when the parent Estimator runs it (the CPU/GPU path).
@@ -58,5 +58,5 @@ class EstimatorBase(Estimator):
 
     @property
     def warm_start_settings(self) -> Any:
-        """The tf.estimator.WarmStartSettings built from warm_start_from (None if not given)."""
+        """The WarmStartSettings built from warm_start_from (None if not given)."""
         return self._warm_start_settings

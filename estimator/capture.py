@@ -11,9 +11,8 @@ from typing import Any, Callable
 
 import tensorflow as tf
 from tensorflow.python.training import training_util
-from tensorflow_estimator.python.estimator import util as estimator_util
 
-from estimator.api import Estimator, EstimatorSpec, ModeKeys
+from estimator.api import Estimator, EstimatorSpec, ModeKeys, parse_input_fn_result
 
 
 @dataclasses.dataclass
@@ -69,7 +68,7 @@ def capture_model(estimator: Estimator, captured: CapturedInput,
     chooses whether that is the raw user spec or the adapted one.
     """
     with captured.graph.as_default(), captured.graph.device(estimator._device_fn):
-        features, labels, _ = estimator_util.parse_input_fn_result(captured.result)
+        features, labels, _ = parse_input_fn_result(captured.result)
         if captured.mode == ModeKeys.PREDICT:
             labels = None  # the Estimator never passes labels to a PREDICT model_fn
         spec = call_model_fn(features, labels, captured.mode, estimator.config)

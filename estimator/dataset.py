@@ -1,7 +1,10 @@
 """Introspect a tf.data.Dataset: structure, batch, repeat, seeds, the ops its functions run.
 
 `inspect_dataset` works on the dataset's ops in the graph that `input_fn`
-built, so every finding can name the user's source line that created the op.
+built, so every finding can name the user's source line that created the op:
+the transformation's, the one where an element structure first appeared
+(`DatasetInfo.origin`), or the op inside a map/filter/... function
+(`function_op_locations`).
 `failing_op_location` finds, in an eagerly built dataset, the user line of an
 op that a TF error names; `dataset_call_failure` the tf.data call of input_fn
 that raised while the pipeline was defined (e.g. batch(-1)). They read tf.data
@@ -15,7 +18,7 @@ import dataclasses
 import inspect
 import os
 import traceback
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -67,6 +70,14 @@ class DatasetFunction:
 
 
 @dataclasses.dataclass(frozen=True)
+class DatasetStage:
+    """One dataset of the pipeline (a transformation or the source) and the elements it produces."""
+
+    element_spec: Any
+    location: str | None  # where the user's code created it
+
+
+@dataclasses.dataclass(frozen=True)
 class DatasetInfo:
     """What the rules need to know about a dataset."""
 
@@ -77,10 +88,26 @@ class DatasetInfo:
     shuffles: tuple[ShuffleSeed, ...]
     source_location: str | None  # where the pipeline's last op was created
     functions: tuple[DatasetFunction, ...] = ()
+    # The pipeline, last transformation first, following each dataset's first input back to its source.
+    lineage: tuple[DatasetStage, ...] = ()
+    # op type -> 'file:line' of the user code that created the first op of that type in the pipeline's traced
+    # functions (map/filter/... bodies), where TF recorded it: e.g. the tf.py_function call inside a map function.
+    function_op_locations: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def repeats_forever(self) -> bool:
         return self.cardinality == INFINITE
+
+    def origin(self, holds: Callable[[Any], bool]) -> str | None:
+        """Where the pipeline made what `holds` finds in an element_spec: the location of the earliest of the
+        last stages whose elements all satisfy `holds` (e.g. the map or from_tensor_slices that built a features
+        dict, not the batch after it). The pipeline's last op when no stage has a known location."""
+        location = self.source_location
+        for stage in self.lineage:
+            if not holds(stage.element_spec):
+                break
+            location = stage.location or location
+        return location
 
 
 class DatasetBuildError(Exception):
@@ -183,7 +210,37 @@ def inspect_dataset(dataset: tf.data.Dataset, session_config: Any = None) -> Dat
         source_location=op_location(variant.op),
         functions=tuple(DatasetFunction(describe(op), _function_op_types(graph, names)) for op, names in functions
                         if names),
+        lineage=_lineage(dataset),
+        function_op_locations=_function_op_locations(dataset),
     )
+
+
+def _lineage(dataset: tf.data.Dataset) -> tuple[DatasetStage, ...]:
+    """The dataset and its first inputs back to the source, each with its element_spec and where it was made."""
+    stages = []
+    current: tf.data.Dataset | None = dataset
+    while current is not None:
+        stages.append(DatasetStage(current.element_spec, op_location(current._variant_tensor.op)))
+        try:
+            inputs = current._inputs()
+        except (AttributeError, NotImplementedError):  # a dataset type that does not list its inputs
+            break
+        current = inputs[0] if inputs else None
+    return tuple(stages)
+
+
+def _function_op_locations(dataset: tf.data.Dataset) -> dict[str, str]:
+    """op type -> where the user's code created the first op of that type in the dataset's traced functions."""
+    found: dict[str, str] = {}
+    try:
+        graphs = _function_graphs(dataset)
+    except Exception:  # noqa: BLE001 - best effort: the rules fall back to the transformation's line
+        return found
+    for graph in graphs:
+        for op in graph.get_operations():
+            if op.type not in found and (location := op_location(op)):
+                found[op.type] = location
+    return found
 
 
 def _called_functions(node_def: Any) -> list[str]:

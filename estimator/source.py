@@ -33,14 +33,14 @@ def is_user_file(filename: str) -> bool:
     return not path.startswith(_MACHINERY_DIRS)
 
 
-def user_frame(traceback: Iterable[Any]) -> str | None:
-    """'file:line' of the innermost frame of `traceback` that lies in user code.
+def user_frame(frames: Iterable[Any]) -> str | None:
+    """'file:line' of the innermost frame of `frames` that lies in user code.
 
-    `traceback` is a sequence of frame summaries, outermost first (a TF op's
+    `frames` is a sequence of frame summaries, outermost first (a TF op's
     `traceback`, or `traceback.extract_stack()`).
     """
     found = None
-    for frame in traceback:
+    for frame in frames:
         filename, lineno = frame[0], frame[1]
         if is_user_file(filename):
             found = f"{filename}:{lineno}"
@@ -53,6 +53,24 @@ def op_location(op: Any) -> str | None:
         return user_frame(op.traceback)
     except (AttributeError, ValueError):  # e.g. an op imported from a GraphDef
         return None
+
+
+def creation_location(value: Any) -> str | None:
+    """'file:line' of the user code that created a TF tensor, variable or operation, or the first of a nest
+    (dicts, lists, tuples) of them whose creation TF recorded; None for anything else (Python objects)."""
+    if isinstance(value, dict):
+        items = [value[key] for key in sorted(value, key=str)]
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        op = getattr(value, "op", value)  # a tensor's or variable's op, or an operation itself
+        return op_location(op) if hasattr(op, "traceback") else None
+    return next((location for item in items if (location := creation_location(item))), None)
+
+
+def caller_location() -> str | None:
+    """'file:line' of the innermost user frame calling into this project now (e.g. the user's train(...) line)."""
+    return user_frame(traceback.extract_stack())
 
 
 def function_location(fn: Any) -> str:

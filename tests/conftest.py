@@ -1,7 +1,7 @@
 """Shared fixtures for the CerebrasEstimator tests: a tiny model, an input_fn factory, a CS environment.
 
 Everything is a fixture (test modules do not import this file): `data`,
-`make_model_fn`, `make_input_fn`, `input_fn_lines`, `defined_at`, `build_estimator`,
+`make_model_fn`, `make_input_fn`, `input_fn_lines`, `model_fn_lines`, `defined_at`, `build_estimator`,
 `make_estimator`, `tf_config`, `model_dir` and `assert_refused`.
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ import tensorflow as tf
 import cerebras_tf
 from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, amp
 from cerebras_tf.errors import CerebrasError
+from estimator import ModeKeys
 
 CS_IP = "localhost:9000"
 BATCH_SIZE = 4
@@ -33,7 +34,6 @@ LEARNING_RATE = 0.1
 DEFAULT_TF_CONFIG = {"cluster": {"chief": ["localhost:2222"]}, "task": {"type": "chief", "index": 0}}
 
 THIS_FILE = os.path.abspath(__file__)
-ModeKeys = tf.estimator.ModeKeys
 
 
 class Data(NamedTuple):
@@ -113,7 +113,7 @@ def make_model_fn(eval_metric_ops: bool = False, host_call: str | None = None, *
             "list": (_mse_metric, [labels, predictions]),
             "dict": (_mae_metric, {"labels": labels, "predictions": predictions}),
         }
-        metrics = {"mean_label": tf.compat.v1.metrics.mean(labels)} if eval_metric_ops else None
+        metrics = {"mean_label": tf.compat.v1.metrics.mean(labels)} if eval_metric_ops else None  # marker: metric
         return CSEstimatorSpec(mode, loss=loss, train_op=train_op, predictions={"y": predictions},
                                eval_metric_ops=metrics, host_call=calls[host_call], **spec_hooks)
 
@@ -160,7 +160,7 @@ def make_input_fn(
 
     def input_fn(params):
         if not dataset:
-            return tf.constant(DATA.x[:BATCH_SIZE]), tf.constant(DATA.y[:BATCH_SIZE])
+            return tf.constant(DATA.x[:BATCH_SIZE]), tf.constant(DATA.y[:BATCH_SIZE])  # marker: tensors
         ds = tf.data.Dataset.from_tensor_slices(_elements(element, DATA))
         if shuffle:
             ds = ds.shuffle(NUM_EXAMPLES, seed=shuffle_seed)  # marker: shuffle
@@ -198,7 +198,14 @@ def defined_at_fixture() -> Callable[[Callable], str]:
 
 @pytest.fixture(scope="session")
 def input_fn_lines() -> dict[str, str]:
-    """'file:line' of the shuffle, repeat and batch calls in make_input_fn's pipeline."""
+    """'file:line' of the shuffle, repeat and batch calls in make_input_fn's pipeline, and of the tensors it
+    returns with dataset=False ("tensors")."""
+    return _marker_lines()
+
+
+@pytest.fixture(scope="session")
+def model_fn_lines() -> dict[str, str]:
+    """'file:line' of the lines of make_model_fn that errors name: "metric" (its eval_metric_ops)."""
     return _marker_lines()
 
 

@@ -125,6 +125,16 @@ def test_no_package_makes_an_import_it_must_not():
     assert not offending, "\n".join(offending)
 
 
+def test_the_estimator_runtime_imports_only_tensorflow():
+    """estimator.runtime must work where tensorflow-estimator cannot be installed (TF >= 2.16)."""
+    offending = []
+    for path in sorted(ROOT.joinpath("estimator", "runtime").rglob("*.py")):
+        offending += [f"{path.relative_to(ROOT)} imports {name}" for name in sorted(_imports(path))
+                      if name.split(".")[0] in ("tensorflow_estimator", "cerebras_tf")
+                      or (name.split(".")[0] == "estimator" and not name.startswith("estimator.runtime"))]
+    assert not offending, "\n".join(offending)
+
+
 def test_tf_free_packages_load_without_tensorflow():
     code = "import sys, cerebras_tf.ir, cerebras_tf.amp, cerebras_tf.wse; print('tensorflow' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)

@@ -121,11 +121,26 @@ def test_malformed_tf_config_is_refused(make_estimator, make_input_fn, assert_re
     _valid_tf_config_in(str(error))
 
 
-def test_compile_does_not_need_tf_config(make_estimator, make_input_fn, tf_config):
+def test_compile_does_not_need_tf_config_but_its_report_warns_that_training_will(
+        make_estimator, make_input_fn, tf_config):
     tf_config.clear()
-    result = make_estimator().compile(make_input_fn(), validate_only=True)
+    estimator = make_estimator()
+    result = estimator.compile(make_input_fn(), validate_only=True)
     assert result.validate_only
     assert "TF_CONFIG" not in os.environ
+    [warning] = result.warnings
+    assert isinstance(warning, errors.ConfigError)
+    assert warning.message == "The TF_CONFIG environment variable must be set for training on the CS system."
+    head, _, warnings = result.report.partition("\nWarnings (")
+    assert "TF_CONFIG" not in head
+    assert warning.message in warnings and "train(use_cs=True)" in warnings
+    _valid_tf_config_in(warnings)
+    evaluation = estimator.compile(make_input_fn(), validate_only=True, mode=tf.estimator.ModeKeys.EVAL)
+    assert not evaluation.warnings  # evaluation does not need TF_CONFIG
+
+    tf_config.set()
+    result = estimator.compile(make_input_fn(), validate_only=True)
+    assert not result.warnings and "Warnings" not in result.report
 
 
 def test_set_default_tf_config_sets_a_chief_and_keeps_an_existing_value(tf_config):

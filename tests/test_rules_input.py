@@ -23,11 +23,11 @@ def _train(estimator, input_fn):
 # --------------------------------------------------------------------------- rule 1
 
 
-def test_input_fn_must_return_a_dataset(make_estimator, make_input_fn, assert_refused, defined_at):
+def test_input_fn_must_return_a_dataset(make_estimator, make_input_fn, assert_refused, input_fn_lines):
     estimator = make_estimator()
     input_fn = make_input_fn(dataset=False)  # (features, labels) tensors: fine for tf.estimator, not for the CS
     assert_refused(estimator, errors.InputFunctionError, _train(estimator, input_fn),
-                   NOT_A_DATASET, f"Where: {defined_at(input_fn)}", "returned tuple")
+                   NOT_A_DATASET, f"Where: {input_fn_lines['tensors']}\n", "returned tuple")
 
 
 # --------------------------------------------------------------------------- rule 2

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from cerebras_tf import ir
 from cerebras_tf.compiler import artifact, layout, lower, report
+from cerebras_tf.errors import CerebrasError
 from cerebras_tf.wse.fabric import Fabric
 from cerebras_tf.wse.placement import PlacementReport
 from estimator import CapturedModel
@@ -44,10 +45,18 @@ class CompileResult:
     note: str = ""  # why the artifact was (re)built, or "reused"
     seconds: float = 0.0
     placement: PlacementReport | None = None  # full compile for a fabric: the pipelined layout
+    # What a run in this environment would refuse that compile() does not need (e.g. TF_CONFIG for training);
+    # also under "Warnings" at the end of `report` (not in the artifact's report, which is the program's).
+    warnings: list[CerebrasError] = dataclasses.field(default_factory=list)
 
     @property
     def kernel_counts(self) -> dict[str, int]:
         return self.program.kernel_counts()
+
+    @property
+    def kernel_summary(self) -> str:
+        """The kernel count and what it counts, e.g. "84 kernels (75 + 9 precision casts)"."""
+        return report.kernel_summary(self.program)
 
 
 def program_hash(model: CapturedModel, validate_only: bool = False) -> str:
@@ -80,7 +89,8 @@ def compile_model(model: CapturedModel, *, validate_only: bool = False, compile_
         if program is not None:
             with open(os.path.join(directory, artifact.REPORT_FILE), encoding="utf-8") as f:
                 text = f.read()
-            _log.info("Reusing the compiled artifact in %s (graph hash %s).", directory, graph_hash[:12])
+            _log.info("Reusing the compiled artifact in %s (graph hash %s, %s; report in %s).", directory,
+                      graph_hash[:12], report.kernel_summary(program), artifact.REPORT_FILE)
             placement = layout.place_program(program, fabric) if fabric is not None else None  # deterministic
             return CompileResult(program, text, graph_hash, False, True, directory, note,
                                  time.perf_counter() - start, placement)
@@ -90,14 +100,14 @@ def compile_model(model: CapturedModel, *, validate_only: bool = False, compile_
     seconds = time.perf_counter() - start
     text = report.render(program, stats, graph_hash=graph_hash, system=system, seconds=seconds)
     if placement is not None:
-        text += "\n\n" + placement.render_table() + "\n"
+        text += "\n" + placement.render_table() + "\n"
     if directory is not None:
         extra = {} if placement is None else {
             PLACEMENT_REPORT_FILE: json.dumps(placement.to_dict(), indent=2, sort_keys=True).encode(),
             PLACEMENT_PICTURE_FILE: placement.to_png(),
         }
         artifact.write_artifact(directory, program, text, graph_hash, system, extra)
-        _log.info("Compiled %d kernels to %s (%s).", len(program.kernels), directory, note)
+        _log.info("Compiled %s to %s (%s).", report.kernel_summary(program), directory, note)
     return CompileResult(program, text, graph_hash, validate_only, False, directory, note,
                          time.perf_counter() - start, placement)
 

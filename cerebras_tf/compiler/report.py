@@ -6,6 +6,26 @@ from typing import Any, Mapping
 
 from cerebras_tf import ir
 
+# The kernel a full compile inserts before each float32 matmul/conv input; a validate-only compile has none.
+PRECISION_CAST_KIND = "to_half"
+# Lists (kernel kinds) wrap at this width: the report is read in a terminal and in the log.
+_WIDTH = 110
+
+
+def kernel_summary(program: ir.Program) -> str:
+    """The kernel count and what it counts, e.g. "84 kernels (75 + 9 precision casts)".
+
+    Validate-only and full compiles of one model differ by the precision casts
+    alone, so both reports say it: the count without casts is the same number.
+    """
+    total = len(program.kernels)
+    casts = sum(1 for kernel in program.kernels if kernel.kind == PRECISION_CAST_KIND)
+    if casts:
+        return f"{total} kernels ({total - casts} + {casts} precision casts)"
+    if not program.precision_casts:
+        return f"{total} kernels (validate only: a full compile adds the precision casts of matmul/conv inputs)"
+    return f"{total} kernels (no precision casts needed)"
+
 
 def render(program: ir.Program, stats: Mapping[str, Any], *, graph_hash: str, system: Mapping[str, Any],
            seconds: float) -> str:
@@ -25,9 +45,10 @@ def render(program: ir.Program, stats: Mapping[str, Any], *, graph_hash: str, sy
         f"Identity/StopGradient removed: {stats['aliases_removed']}; runtime assertions dropped: "
         f"{stats['assertions_dropped']}; tf.cond if-converted: {stats['if_converted']}; "
         f"unused kernels removed: {stats.get('dead_kernels', 0)}",
-        f"Kernels: {len(program.kernels)} (" + ", ".join(f"{r} {roles[r]}" for r in ir.ROLES if roles[r]) + ")",
-        f"Precision casts inserted: {stats['precision_casts']} (matmul/conv inputs to the half dtype; "
-        "float32 weights and accumulation)",
+        f"Program: {kernel_summary(program)}",
+        "  by role: " + ", ".join(f"{r} {roles[r]}" for r in ir.ROLES if roles[r]),
+        *([f"Precision casts inserted: {stats['precision_casts']} (matmul/conv inputs to the half dtype; "
+           "float32 weights and accumulation)"] if program.precision_casts else []),
         f"Estimated work: {flops / 1e6:,.2f} MFLOP per step",
         f"Variables: {len(program.variables)} (" + ", ".join(f"{r} {variables[r]}" for r in ir.VARIABLE_ROLES
                                                                if variables[r]) + f"); {params:,} parameters",
@@ -38,7 +59,7 @@ def render(program: ir.Program, stats: Mapping[str, Any], *, graph_hash: str, sy
         *[f"  {name}: {_tensor(program, tid)}" for name, tid in program.outputs.items()],
         "",
         "Kernels by kind:",
-        *[f"  {kind:<28} {count:>6}" for kind, count in program.kernel_counts().items()],
+        *_wrap_items([f"{kind} {count}" for kind, count in program.kernel_counts().items()]),
         "",
         "Layers (kernels, parameters, MFLOP/step):",
     ]
@@ -48,6 +69,19 @@ def render(program: ir.Program, stats: Mapping[str, Any], *, graph_hash: str, sy
         layer_params = sum(sizes.get(v, 0) for v in layer.variables)
         lines.append(f"  {layer.name:<40} {len(layer.kernels):>6} {layer_params:>12,} {layer_flops / 1e6:>12,.2f}")
     return "\n".join(lines) + "\n"
+
+
+def _wrap_items(items: list[str], indent: str = "  ") -> list[str]:
+    """Comma-separated items on lines of at most _WIDTH characters, never splitting an item."""
+    lines: list[str] = []
+    for item in items:
+        if lines and len(lines[-1]) + len(", ,") + len(item) <= _WIDTH:  # room for the next comma
+            lines[-1] += ", " + item
+        else:
+            if lines:
+                lines[-1] += ","
+            lines.append(indent + item)
+    return lines
 
 
 def _tensor(program: ir.Program, tensor_id: int) -> str:

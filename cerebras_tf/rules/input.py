@@ -7,7 +7,6 @@ those about input workers also read the run's InputWorkerSettings.
 from __future__ import annotations
 
 import inspect
-import traceback
 from typing import Any, Callable, Mapping
 
 import tensorflow as tf
@@ -15,7 +14,7 @@ import tensorflow as tf
 from cerebras_tf.errors import CerebrasError, InputFunctionError
 from cerebras_tf.settings import InputWorkerSettings
 from estimator import CapturedInput, DatasetBuildError, DatasetInfo, ModeKeys, is_none_spec
-from estimator.source import function_location, user_frame
+from estimator.source import caller_location, creation_location, function_location
 
 _DROP_REMAINDER_FIX = "dataset = dataset.shuffle(1000).repeat().batch(batch_size, drop_remainder=True)"
 
@@ -86,17 +85,18 @@ def _not_callable(input_fn: Any) -> CerebrasError:
         fix = ("Pass the function itself, `train(input_fn, ...)`, not its result `train(input_fn(params), ...)`: "
                "`def input_fn(params): ... return dataset`.")
     return InputFunctionError(f"input_fn must be a callable that returns a tf.data.Dataset, got {got}.",
-                              where=user_frame(traceback.extract_stack()), fix=fix)
+                              where=caller_location(), fix=fix)
 
 
 def check_returns_dataset(captured: CapturedInput, input_fn: Callable[..., Any]) -> list[CerebrasError]:
-    """input_fn must return a tf.data.Dataset."""
+    """input_fn must return a tf.data.Dataset. Tensors returned instead (e.g. a TF1 iterator's get_next())
+    are reported where they were made, anything else at `def input_fn`."""
     if captured.is_dataset:
         return []
     return [
         InputFunctionError(
             "Input function must return a tf.data.Dataset",
-            where=function_location(input_fn),
+            where=creation_location(captured.result) or function_location(input_fn),
             fix=f"{_name(input_fn)} returned {type(captured.result).__name__}; build and return a tf.data.Dataset "
             "of (features, labels) instead of tensors or iterators.",
         )
@@ -166,9 +166,24 @@ def _unsupported_components(spec: Any, path: str) -> list[tuple[str, str]]:
     return [(path, f"a {type(spec).__name__}")]
 
 
+def _element_problems(spec: Any) -> list[tuple[str, str]]:
+    """(path, what it is) of every component of a splittable element the CS system cannot take."""
+    split = _split_element(spec)
+    if split is None:
+        return []
+    features, labels = split
+    found = _unsupported_components(features, "features")
+    if not is_none_spec(labels):
+        found += _unsupported_components(labels, "labels")
+    return found
+
+
 def check_element_structure(info: DatasetInfo) -> list[CerebrasError]:
     """Elements are (features, labels) or features alone: features a dense numeric tensor or a nest
-    (dict/tuple/list, as the Model Zoo's transformers feed) of them, labels the same or None."""
+    (dict/tuple/list, as the Model Zoo's transformers feed) of them, labels the same or None.
+
+    A problem is reported where the pipeline made it (the from_tensor_slices or map that built the element
+    or the bad component), not at the batch or prefetch after it."""
     structure = describe_structure(info.element_spec)
     split = _split_element(info.element_spec)
     if split is None:
@@ -176,15 +191,12 @@ def check_element_structure(info: DatasetInfo) -> list[CerebrasError]:
             InputFunctionError(
                 f"Unsupported dataset element structure {structure}: an element must be (features, labels) "
                 "or features alone.",
-                where=info.source_location,
+                where=info.origin(lambda spec: _split_element(spec) is None),
                 fix="Make each element a (features, labels) pair: e.g. move the extra components into a features "
                 "dict, ({'x': x, 'weights': w}, labels).",
             )
         ]
-    features, labels = split
-    found = _unsupported_components(features, "features")
-    if not is_none_spec(labels):
-        found += _unsupported_components(labels, "labels")
+    found = _element_problems(info.element_spec)
     if not found:
         return []
     component_fixes = [f"{path}: {_COMPONENT_FIX.get(what, 'make it a dense numeric tensor')}" for path, what in found]
@@ -193,7 +205,7 @@ def check_element_structure(info: DatasetInfo) -> list[CerebrasError]:
             f"Unsupported dataset element structure {structure}: "
             + "; ".join(f"{path} is {what}" for path, what in found)
             + ". Features and labels must be dense numeric tensors, or dicts/tuples of them (labels may be None).",
-            where=info.source_location,
+            where=info.origin(lambda spec: found[0] in _element_problems(spec)),
             fix="; ".join(component_fixes) + ".",
         )
     ]
@@ -300,11 +312,13 @@ def check_remote_python_functions(info: DatasetInfo, input_workers: InputWorkerS
     found = [function for function in info.functions if function.op_types & PYTHON_FUNCTION_OPS]
     if not found:
         return []
+    call = next((info.function_op_locations[op] for op in sorted(PYTHON_FUNCTION_OPS)
+                 if op in info.function_op_locations), None)  # the tf.py_function line, inside a map function
     return [
         InputFunctionError(
             "The dataset uses tf.py_function/tf.numpy_function, which cannot run on remote input workers: "
             "the Python function exists only in the chief's process.",
-            where=found[0].transformation.location or info.source_location,
+            where=call or found[0].transformation.location or info.source_location,
             fix="Express the preprocessing with TensorFlow ops, or run without TF_CONFIG workers "
             "(embedded workers via CSRunConfig(num_input_workers=N) share the chief's process).",
         )

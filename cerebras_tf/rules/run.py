@@ -1,15 +1,16 @@
 """Rules on the train/evaluate/predict/compile calls of a CS-system run, and on what they write to.
 
-Step counts follow tf.estimator: its messages, raised (as a StepCountError, a
-ValueError too) before anything else, as the Estimator checks them first. The
-model_dir and compile_dir checks run before anything is written: a run must
-not leave half its files behind and then fail on a directory it cannot use.
+TF records nothing about a call's arguments (hooks are Python objects), so each
+problem is reported at the user's line that made the call. Step counts follow
+tf.estimator: its messages, raised (as a StepCountError, a ValueError too)
+before anything else, as the Estimator checks them first. The model_dir and
+compile_dir checks run before anything is written: a run must not leave half
+its files behind and then fail on a directory it cannot use.
 """
 from __future__ import annotations
 
 import numbers
 import os
-import traceback
 from typing import Any
 
 from cerebras_tf.errors import (
@@ -22,7 +23,7 @@ from cerebras_tf.errors import (
 )
 from cerebras_tf.rules.spec import hooks_not_supported
 from estimator import ModeKeys, called_from_train_and_evaluate
-from estimator.source import user_frame
+from estimator.source import caller_location
 
 # compile(mode=...) takes the Estimator's three modes.
 COMPILE_MODES = (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT)
@@ -30,6 +31,7 @@ COMPILE_MODES = (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT)
 
 def check_train_call(hooks: Any, steps: Any, max_steps: Any, saving_listeners: Any) -> list[CerebrasError]:
     """train() on the CS system: no train_and_evaluate, no hooks/listeners, a step count."""
+    where = caller_location()
     if called_from_train_and_evaluate():
         return [
             UnsupportedModeError(
@@ -37,16 +39,18 @@ def check_train_call(hooks: Any, steps: Any, max_steps: Any, saving_listeners: A
                 "once for training and cannot switch to an evaluation program in the same run.",
                 fix="Train on the CS system, then evaluate the checkpoint in a separate run "
                 "(e.g. run.py --mode train, then --mode eval), or run train_and_evaluate on CPU/GPU (cs_ip=None).",
+                where=where,
             )
         ]
-    problems = hooks_not_supported("train(hooks=...)", hooks, None)
-    problems += hooks_not_supported("train(saving_listeners=...)", saving_listeners, None)
+    problems = hooks_not_supported("train(hooks=...)", hooks, where)
+    problems += hooks_not_supported("train(saving_listeners=...)", saving_listeners, where)
     if steps is None and max_steps is None:
         problems.append(
             RunArgumentError(
                 "train() on the CS system needs steps or max_steps: the dataset repeats forever, so the "
                 "number of steps is what ends training.",
                 fix="Call train(input_fn, max_steps=N) (or steps=N).",
+                where=where,
             )
         )
     return problems
@@ -54,12 +58,14 @@ def check_train_call(hooks: Any, steps: Any, max_steps: Any, saving_listeners: A
 
 def check_evaluate_call(hooks: Any, steps: Any) -> list[CerebrasError]:
     """evaluate() on the CS system: no hooks, an explicit number of steps."""
-    problems = hooks_not_supported("evaluate(hooks=...)", hooks, None)
+    where = caller_location()
+    problems = hooks_not_supported("evaluate(hooks=...)", hooks, where)
     if steps is None:
         problems.append(
             RunArgumentError(
                 "evaluate() on the CS system needs an explicit number of steps.",
                 fix="Call evaluate(input_fn, steps=N), or evaluate on CPU/GPU with use_cs=False.",
+                where=where,
             )
         )
     return problems
@@ -67,12 +73,7 @@ def check_evaluate_call(hooks: Any, steps: Any) -> list[CerebrasError]:
 
 def check_predict_call(hooks: Any) -> list[CerebrasError]:
     """predict() on the CS system: no hooks."""
-    return hooks_not_supported("predict(hooks=...)", hooks, None)
-
-
-def _call_site() -> str | None:
-    """'file:line' of the user's call that led here (these rules run inside the estimator's method)."""
-    return user_frame(traceback.extract_stack())
+    return hooks_not_supported("predict(hooks=...)", hooks, caller_location())
 
 
 def _is_count(value: Any) -> bool:
@@ -92,13 +93,13 @@ def check_step_count(name: str, value: Any, fix: str) -> list[CerebrasError]:
         message = f"Must specify {name} > 0, given: {value}"
     else:
         message = f"Must specify {name} > 0 as an integer, given: {value!r} ({type(value).__name__})"
-    return [StepCountError(message, where=_call_site(), fix=fix)]
+    return [StepCountError(message, where=caller_location(), fix=fix)]
 
 
 def check_train_steps(steps: Any, max_steps: Any) -> list[CerebrasError]:
     """train()'s steps/max_steps as tf.estimator checks them: not both, each an integer > 0."""
     if steps is not None and max_steps is not None:
-        return [StepCountError("Can not provide both steps and max_steps.", where=_call_site(),
+        return [StepCountError("Can not provide both steps and max_steps.", where=caller_location(),
                                fix="Give max_steps=N (train until global step N) or steps=N (N more steps).")]
     fix = "Call train(input_fn, max_steps=N) (train until global step N) or steps=N (N more steps), N an int > 0."
     if steps is not None:
@@ -130,7 +131,7 @@ def check_compile_mode(mode: Any) -> list[CerebrasError]:
         return []
     valid = ", ".join(repr(m) for m in COMPILE_MODES)
     return [EstimatorArgumentError(
-        f"compile(mode={mode!r}): unknown mode; the valid modes are {valid}.", where=_call_site(),
+        f"compile(mode={mode!r}): unknown mode; the valid modes are {valid}.", where=caller_location(),
         fix="Pass mode=tf.estimator.ModeKeys.TRAIN (the default), ModeKeys.EVAL or ModeKeys.PREDICT.")]
 
 

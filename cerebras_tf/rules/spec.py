@@ -16,7 +16,7 @@ import tensorflow as tf
 from cerebras_tf.ir import host_call_structure
 from cerebras_tf.errors import CerebrasError, EvalMetricOpsError, HookError, HostCallError, ModelFnError
 from estimator import EstimatorSpec, ModeKeys
-from estimator.source import error_location, function_location, raised_within_module_of
+from estimator.source import creation_location, error_location, function_location, raised_within_module_of
 
 _SPEC_HOOK_FIELDS = ("training_chief_hooks", "training_hooks", "evaluation_hooks", "prediction_hooks")
 
@@ -101,15 +101,20 @@ def model_fn_spec_error(error: BaseException, mode: str, model_fn: Callable[...,
 
 
 def check_spec(spec: EstimatorSpec, mode: str, model_fn: Callable[..., Any]) -> list[CerebrasError]:
-    """No eval_metric_ops, no spec-level hooks and a host_call the system can stream (check_host_call)."""
+    """No eval_metric_ops, no spec-level hooks and a host_call the system can stream (check_host_call).
+
+    eval_metric_ops are reported where the model_fn built the first of them (its ops record the line);
+    hooks and host_call problems, Python objects TF records nothing about, at `def model_fn`.
+    """
     where = function_location(model_fn)
     problems: list[CerebrasError] = []
     if spec.eval_metric_ops:
         run = "training" if mode == ModeKeys.TRAIN else "evaluation"
+        metrics = spec.eval_metric_ops
         problems.append(
             EvalMetricOpsError(
                 f"Detected unsupported eval_metric_ops in CS system {run} run.",
-                where=where,
+                where=creation_location([metrics[name] for name in sorted(metrics)]) or where,
                 fix=f"Compute metrics on the host: return CSEstimatorSpec(host_call=(metric_fn, [tensors...])) "
                 f"where metric_fn returns the metric dict (found metrics: {sorted(spec.eval_metric_ops)}). "
                 "eval_metric_ops still work on CPU/GPU.",

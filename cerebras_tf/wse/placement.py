@@ -274,6 +274,41 @@ class PlacementReport:
         return placement_picture.write_placement_png(self, path, **kwargs)
 
 
+def _limit_notes(limiting: str, layers: list[LayerCost], regions: list[Region], sent: np.ndarray, link_bw: float,
+                 fabric: Fabric, bounds: dict[str, float], flops: np.ndarray, mem_min: np.ndarray, pe_rate: float,
+                 input_bytes_per_sample: float) -> list[str]:
+    """Why the limiting bound limits: at most one note, and only about `limiting` (the report's headline).
+
+    A note about another bound (say fabric links, when host I/O caps the
+    estimate far below them) would contradict the headline.
+    """
+    if limiting == "memory":
+        with np.errstate(divide="ignore"):
+            memory_rate = np.where(flops > 0, mem_min * pe_rate / np.where(flops > 0, flops, 1), np.inf)
+        pinned = [int(i) for i in np.argsort(-mem_min, kind="stable") if memory_rate[i] > bounds["memory"]]
+        if not pinned:
+            return []
+        shown = ", ".join(repr(layers[i].name) for i in pinned[:3]) + (", ..." if len(pinned) > 3 else "")
+        return [f"memory limits the pipeline: {len(pinned)} layer(s) ({shown}) need more PEs for their memory "
+                "than for their FLOPs; they run faster than the pipeline and leave fewer PEs for the rest"]
+    if limiting == "fabric_links":
+        rates = [(max(_contact(a, b), 1) * link_bw / size, i) for i, (a, b, size)
+                 in enumerate(zip(regions, regions[1:], sent)) if size > 0]
+        if not rates:
+            return []
+        rate, edge = min(rates)
+        longest = max(fabric.width, fabric.height)
+        return [f"fabric links limit the pipeline: {layers[edge].name!r} sends {_fmt_bytes(sent[edge])} per sample "
+                f"to {layers[edge + 1].name!r} over the {max(_contact(regions[edge], regions[edge + 1]), 1)} links "
+                f"their regions share: {_fmt_rate(rate)} samples/s (a shared edge is at most {longest} links "
+                f"long: {_fmt_rate(bounds['fabric_links'])} samples/s for any placement)"]
+    if limiting == "host_io":
+        return [f"host I/O limits the pipeline: each sample brings {_fmt_bytes(input_bytes_per_sample)} of input "
+                f"from the host, and the system's host links carry {_fmt_bytes(fabric.host_io_bytes_per_sec)}/s: "
+                f"{_fmt_rate(bounds['host_io'])} samples/s, whatever the placement"]
+    return []
+
+
 def in_flight_samples(num_layers: int, training: bool = True) -> np.ndarray:
     """Samples whose activations each layer holds: 2 * (L - i) - 1 in training, 1 otherwise."""
     if not training:
@@ -354,20 +389,8 @@ def place(layers: Sequence[LayerCost] | Iterable[LayerCost], fabric: Fabric, *, 
         limiting = "fabric_links"
     else:
         limiting = "memory" if memory_bound < compute_bound * (1 - 1e-9) else "compute"
-    notes = []
-    if memory_bound < compute_bound * (1 - 1e-9):
-        with np.errstate(divide="ignore"):
-            memory_rate = np.where(flops > 0, mem_min * pe_rate / np.where(flops > 0, flops, 1), np.inf)
-        pinned = [int(i) for i in np.argsort(-mem_min, kind="stable") if memory_rate[i] > memory_bound]
-        if pinned:
-            shown = ", ".join(repr(layers[i].name) for i in pinned[:3]) + (", ..." if len(pinned) > 3 else "")
-            notes.append(f"memory, not compute, sizes {len(pinned)} layer(s) ({shown}): "
-                         "they run faster than the pipeline and leave fewer PEs for the rest")
-    if link_bound < memory_bound:
-        heaviest = int(np.argmax(sent))
-        notes.append(f"fabric links, not compute, bound the pipeline: {layers[heaviest].name!r} sends "
-                     f"{_fmt_bytes(sent[heaviest])} per sample to the next layer, and even a shared edge as long "
-                     f"as the wafer ({max(width, height)} links) carries only {_fmt_rate(link_bound)} samples/s")
+    notes = _limit_notes(limiting, layers, regions, sent, link_bw, fabric, bounds, flops, mem_min, pe_rate,
+                         input_bytes_per_sample)
     fill_steps = n
     return PlacementReport(
         fabric=fabric, precision=precision, training=training, regions=regions, bounds=bounds,

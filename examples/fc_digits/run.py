@@ -3,6 +3,7 @@
   python -m examples.fc_digits.run --cs_ip localhost:9000 --validate_only   # CS-system precheck
   python -m examples.fc_digits.run --cs_ip localhost:9000 --compile_only    # compile for the WSE
   python -m examples.fc_digits.run --cs_ip localhost:9000 --mode train      # train on the simulated WSE
+  python -m examples.fc_digits.run --cs_ip localhost:9000 --steps 200       # ... 200 steps more
   python -m examples.fc_digits.run --mode eval                              # evaluate the checkpoint on CPU/GPU
   python -m examples.fc_digits.run --mode train_and_eval                    # both on CPU/GPU
 """
@@ -87,21 +88,32 @@ def run(
     if validate_only or compile_only:
         print(f"{'Validating' if validate_only else 'Compiling'} the model for the CS system "
               f"({'at ' + cs_ip if cs_ip else 'no cs_ip needed'}).")
-        result = estimator.compile(train_input_fn, validate_only=validate_only)
-        kernels = len(result.program.kernels)  # compile() logs the full report
-        print(f"The model passed every CS-system check ({kernels} WSE kernels)." if validate_only else
-              f"Compiled {kernels} WSE kernels to {result.artifact_dir} ({'reused' if result.reused else 'built'}).")
+        result = estimator.compile(train_input_fn, validate_only=validate_only)  # logs the report when it builds
+        if validate_only:
+            print(f"The model passed every CS-system check ({result.kernel_summary}).")
+            return None
+        print(f"Compiled {result.kernel_summary} to {result.artifact_dir} "
+              f"({'reused' if result.reused else 'built'}; report.txt and placement.png there).")
         if result.placement is not None:
-            print(result.placement.render_table())
+            placement = result.placement
+            print(f"Estimated {placement.estimated_samples_per_sec:,.0f} samples/s on {placement.fabric.name} "
+                  f"(limited by {placement.limiting_bound}).")
         return None
 
     if mode in ("train", "train_and_eval"):
         if steps is None and max_steps is None:
             max_steps = runconfig["max_steps"]
         until = f"for {steps} more steps" if steps is not None else f"up to global step {max_steps}"
-        print(f"Training on {system} {until} (model_dir {estimator.model_dir}).")
-        estimator.train(train_input_fn, steps=steps, max_steps=max_steps, use_cs=True)
-        print(f"Trained to global step {estimator.get_variable_value('global_step')}.")
+        done = _global_step(estimator)
+        if steps is None and max_steps is not None and done >= max_steps:
+            # Estimator.train would do nothing and say so only in its log: say it here, with the way out.
+            print(f"Nothing to train: {estimator.model_dir} already holds a checkpoint at global step {done}, "
+                  f"at or past --max_steps {max_steps}. Pass --steps N to train N more steps, a larger "
+                  "--max_steps, or a new --model_dir.")
+        else:
+            print(f"Training on {system} {until} (model_dir {estimator.model_dir}).")
+            estimator.train(train_input_fn, steps=steps, max_steps=max_steps, use_cs=True)
+            print(f"Trained to global step {_global_step(estimator)}.")
     if mode in ("eval", "train_and_eval"):
         eval_steps = runconfig["eval_steps"] if eval_steps is None else eval_steps
         print(f"Evaluating the latest checkpoint in {estimator.model_dir} on CPU/GPU for {eval_steps} steps.")
@@ -109,6 +121,11 @@ def run(
         print("Evaluation: " + ", ".join(f"{key}={_format(value)}" for key, value in sorted(metrics.items())))
         return metrics
     return None
+
+
+def _global_step(estimator: CerebrasEstimator) -> int:
+    """The global step of the latest checkpoint in model_dir (0 with none)."""
+    return int(estimator.get_variable_value("global_step")) if estimator.latest_checkpoint() else 0
 
 
 def _format(value: Any) -> str:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from estimator import EstimatorBase, ModeKeys, RunConfig, capture_input, capture_model
+from estimator import EstimatorBase, EstimatorSpec, ModeKeys, RunConfig, capture_input, capture_model
 
 _recorded: dict[str, list[tuple[str, str]]] = {}
 
@@ -30,7 +30,7 @@ def _model_fn(features, labels, mode, params):
     train_op = tf.compat.v1.train.AdamOptimizer(0.01).minimize(loss, global_step=step)
     ops = tf.compat.v1.get_default_graph().get_operations()
     _recorded[params["tag"]] = [(op.name, op.type) for op in ops]
-    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op, predictions={"logits": logits})
+    return EstimatorSpec(mode, loss=loss, train_op=train_op, predictions={"logits": logits})
 
 
 @pytest.mark.parametrize("mode", [ModeKeys.TRAIN, ModeKeys.EVAL])

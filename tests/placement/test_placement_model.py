@@ -63,6 +63,7 @@ def test_memory_sizes_a_heavy_layer_and_binds():
     assert big.pes >= 600 and big.bytes <= big.sram_bytes
     assert report.bounds["memory"] < report.bounds["compute"]
     assert report.limiting_bound == "memory"
+    assert _bounds_named(report.notes) == ["memory"] and "'big'" in report.notes[0]
     # the rest shares the other ~1000 PEs
     assert report.estimated_samples_per_sec <= report.bounds["memory"] * (1 + 1e-9)
     assert report.placement_efficiency >= 0.9
@@ -106,7 +107,35 @@ def test_fabric_links_are_respected_or_named():
     # no two rectangles on a 20 x 20 grid share more than 20 links: the bound says so, and the placement reaches it
     assert report.bounds["fabric_links"] == pytest.approx(20 * 1e3 / 1e6)
     assert report.placement_efficiency == pytest.approx(1.0)
-    assert any("fabric links, not compute" in note for note in report.notes)
+    assert _bounds_named(report.notes) == ["fabric links"]
+    assert "'l0' sends 1 MB per sample to 'l1' over the 20 links their regions share" in report.notes[0]
+
+
+# How the placement notes name each bound.
+_BOUND_WORDS = {"compute": "compute", "memory": "memory", "fabric_links": "fabric links", "host_io": "host I/O"}
+
+
+def _bounds_named(notes: list[str]) -> list[str]:
+    """The bounds the notes talk about, by the words they use, one entry per note."""
+    return [word for note in notes for word in _BOUND_WORDS.values() if word in note]
+
+
+def test_a_host_io_limited_placement_notes_only_host_io():
+    # fc_digits on WSE-2 in miniature: the fabric-link bound is below compute, but host I/O is lower still
+    fabric = small_fabric(20, 20, link_bytes_per_sec=1e3, host_io_bytes_per_sec=1.0)
+    layers = [LayerCost(f"l{i}", flops_fwd=1e3, output_bytes=1e6) for i in range(3)]
+    report = place(layers, fabric, training=False, input_bytes_per_sample=1000)
+    assert report.bounds["fabric_links"] < report.bounds["compute"]
+    assert report.limiting_bound == "host_io"
+    assert _bounds_named(report.notes) == ["host I/O"]
+    assert report.notes[0].startswith("host I/O limits the pipeline: each sample brings 1 KB of input")
+    assert report.to_dict()["notes"] == report.notes
+    assert "fabric links" not in report.render_table()  # the bounds line names it as fabric_links, no note
+
+
+def test_a_compute_limited_placement_has_no_note():
+    report = place([_layer(f"l{i}", 1.0 + i) for i in range(4)], small_fabric(60, 60))
+    assert report.limiting_bound == "compute" and report.notes == []
 
 
 def test_link_limited_layers_get_the_longer_side_of_the_wafer():

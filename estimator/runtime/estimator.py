@@ -1,0 +1,239 @@
+"""Estimator: train, evaluate and predict a model_fn on tf.compat.v1 graphs.
+
+The public API and on-disk results are tf.estimator.Estimator's (TF <= 2.15):
+the same arguments and checks, the same graphs, checkpoints, summaries and
+log lines. The protected members tf.estimator's subclasses use
+(`_call_input_fn`, `_call_model_fn`, `_create_and_assert_global_step`,
+`_device_fn`, `_model_fn`, `_warm_start_settings`, ...) exist with the same
+meaning, so code built on them (estimator.capture, CerebrasEstimator) runs
+on either runtime. Unlike tf.estimator, subclasses may override any member.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import tensorflow as tf
+
+from estimator.runtime import calls, evaluator, hooks as hooks_lib, inputs, predictor, trainer
+from estimator.runtime.cluster import TaskType
+from estimator.runtime.run_config import RunConfig, as_run_config, default_session_config, path_to_str
+from estimator.runtime.spec import EstimatorSpec
+from estimator.runtime.warm_start import warm_start_settings
+
+_log = tf.compat.v1.logging
+
+
+class Estimator:
+    """Trains, evaluates and predicts with a model_fn (tf.estimator.Estimator's contract).
+
+    Args:
+      model_fn: model_fn(features, labels, mode, params, config) -> EstimatorSpec;
+        it names only the parameters it wants (features is required).
+      model_dir: checkpoints, summaries and graph.pbtxt; a temporary directory
+        when neither this nor config.model_dir is given (both given must agree).
+      config: a RunConfig.
+      params: dict passed to model_fn (and input_fn) as `params`.
+      warm_start_from: a checkpoint, SavedModel directory or WarmStartSettings
+        to initialize variables from when model_dir has no checkpoint.
+    """
+
+    def __init__(self, model_fn: Callable[..., Any], model_dir: str | None = None, config: RunConfig | None = None,
+                 params: dict[str, Any] | None = None, warm_start_from: Any = None) -> None:
+        self._assert_members_are_not_overridden()
+        self._config = _config_with_model_dir(config, model_dir)
+        self._train_distribution = self._config.train_distribute
+        self._eval_distribution = self._config.eval_distribute
+        self._model_dir: str = self._config.model_dir or ""  # never empty: _config_with_model_dir settles it
+        self._session_config = self._config.session_config
+        _log.info("Using config: %s", str(vars(self._config)))
+        self._device_fn = self._config.device_fn or _replica_device_setter(self._config)
+        if model_fn is None:
+            raise ValueError("model_fn must be provided to Estimator.")
+        calls.verify_model_fn_args(model_fn, params)
+        self._model_fn = model_fn
+        self._params = copy.deepcopy(params or {})
+        self._warm_start_settings = warm_start_settings(warm_start_from)
+
+    def _assert_members_are_not_overridden(self) -> None:
+        """tf.estimator refuses subclasses that override its members; this runtime allows them (a no-op)."""
+
+    @property
+    def model_dir(self) -> str:
+        return self._model_dir
+
+    @property
+    def config(self) -> RunConfig:
+        """A copy of the RunConfig (changing it does not change the Estimator)."""
+        return copy.deepcopy(self._config)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """A copy of params."""
+        return copy.deepcopy(self._params)
+
+    @property
+    def model_fn(self) -> Callable[[Any, Any, str, RunConfig], EstimatorSpec]:
+        """The model_fn bound to this Estimator's params: model_fn(features, labels, mode, config)."""
+
+        def public_model_fn(features: Any, labels: Any, mode: str, config: RunConfig) -> EstimatorSpec:
+            return self._call_model_fn(features, labels, mode, config)
+
+        return public_model_fn
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def latest_checkpoint(self) -> str | None:
+        """The path of model_dir's latest checkpoint, or None."""
+        return tf.train.latest_checkpoint(self.model_dir)
+
+    def get_variable_names(self) -> list[str]:
+        """The names of the variables in the latest checkpoint."""
+        self._require_checkpoint()
+        return [name for name, _ in tf.train.list_variables(self.model_dir)]
+
+    def get_variable_value(self, name: str) -> Any:
+        """The value (numpy) of variable `name` in the latest checkpoint."""
+        self._require_checkpoint()
+        return tf.train.load_variable(self.model_dir, name)
+
+    def _require_checkpoint(self) -> None:
+        if not tf.train.latest_checkpoint(self.model_dir):
+            raise ValueError(f"Could not find trained model in model_dir: {self.model_dir}.")
+
+    def eval_dir(self, name: str | None = None) -> str:
+        """Where evaluate(name=...) writes its summaries: model_dir/eval or model_dir/eval_<name>."""
+        return os.path.join(self._model_dir, "eval_" + name if name else "eval")
+
+    # ------------------------------------------------------------------ train / evaluate / predict
+
+    def train(self, input_fn: Callable[..., Any], hooks: Iterable[Any] | None = None, steps: int | None = None,
+              max_steps: int | None = None, saving_listeners: Iterable[Any] | None = None) -> "Estimator":
+        """Train until `steps` more steps, global step `max_steps`, or the end of the input; returns self.
+
+        Nothing runs when model_dir's checkpoint is already at max_steps.
+        """
+        if self.config.task_type in (TaskType.EVALUATOR, TaskType.PS):
+            raise ValueError("Train has been called wrong configuration. Please use tf.estimator.train_and_evaluate "
+                             f"which calls proper API according to given configuration. Current configuration: "
+                             f"{self.config}.")
+        if steps is not None and max_steps is not None:
+            raise ValueError("Can not provide both steps and max_steps.")
+        if steps is not None and steps <= 0:
+            raise ValueError(f"Must specify steps > 0, given: {steps}")
+        if max_steps is not None and max_steps <= 0:
+            raise ValueError(f"Must specify max_steps > 0, given: {max_steps}")
+        if max_steps is not None and max_steps <= trainer.global_step_in(self._model_dir):
+            _log.info("Skipping training since max_steps has already saved.")
+            return self
+        all_hooks = hooks_lib.check_hooks(hooks) + hooks_lib.train_step_hooks(steps, max_steps)
+        listeners = hooks_lib.check_listeners(saving_listeners)
+        loss = self._train_model(input_fn, all_hooks, listeners)
+        _log.info("Loss for final step: %s.", loss)
+        return self
+
+    def _train_model(self, input_fn: Callable[..., Any], hooks: list[Any], saving_listeners: list[Any]) -> Any:
+        return trainer.train_model(self, input_fn, hooks, saving_listeners)
+
+    def evaluate(self, input_fn: Callable[..., Any], steps: int | None = None, hooks: Iterable[Any] | None = None,
+                 checkpoint_path: str | None = None, name: str | None = None) -> dict[str, Any]:
+        """Evaluate `checkpoint_path` (default: the latest) over `steps` batches or the whole input.
+
+        Returns the metrics (eval_metric_ops, `loss`: the mean batch loss, and
+        `global_step`), also written as summaries to eval_dir(name).
+        """
+        all_hooks = hooks_lib.check_hooks(hooks)
+        if steps is not None:
+            if steps <= 0:
+                raise ValueError(f"Must specify steps > 0, given: {steps}")
+            all_hooks.append(hooks_lib.StopAfterNEvalsHook(num_evals=steps))
+        if not checkpoint_path:
+            checkpoint_path = tf.train.latest_checkpoint(self._model_dir)
+            if not checkpoint_path:
+                _log.info(f"Could not find trained model in model_dir: {self._model_dir}, running initialization to "
+                          "evaluate.")
+        return evaluator.evaluate_model(self, input_fn, all_hooks, checkpoint_path, self.eval_dir(name))
+
+    def predict(self, input_fn: Callable[..., Any], predict_keys: Sequence[str] | None = None,
+                hooks: Iterable[Any] | None = None, checkpoint_path: str | None = None,
+                yield_single_examples: bool = True) -> Iterator[Any]:
+        """Yield predictions from `checkpoint_path` (default: the latest) until the input ends.
+
+        One example at a time (each a dict when predictions are a dict), or
+        whole batches with yield_single_examples=False; predict_keys selects
+        dict entries. Like tf.estimator's, this is a generator: nothing is
+        checked or built until the first prediction is asked for.
+        """
+        all_hooks = hooks_lib.check_hooks(hooks)
+        if not checkpoint_path:
+            checkpoint_path = tf.train.latest_checkpoint(self._model_dir)
+            if not checkpoint_path:
+                _log.info(f"Could not find trained model in model_dir: {self._model_dir}, running initialization to "
+                          "predict.")
+        yield from predictor.predict_model(self, input_fn, predict_keys, all_hooks, checkpoint_path,
+                                           yield_single_examples)
+
+    # ------------------------------------------------------------------ graph building (subclasses use these)
+
+    def _create_global_step(self, graph: tf.Graph) -> Any:
+        """The global step variable of `graph` (int64 `global_step`)."""
+        return tf.compat.v1.train.create_global_step(graph)
+
+    def _create_and_assert_global_step(self, graph: tf.Graph) -> Any:
+        """Create the global step and check it is the graph's integer global step."""
+        step = self._create_global_step(graph)
+        assert step is tf.compat.v1.train.get_global_step(graph)
+        assert step.dtype.is_integer
+        return step
+
+    def _call_input_fn(self, input_fn: Callable[..., Any], mode: str, input_context: Any = None) -> Any:
+        """input_fn called with the mode/params/config/input_context it names (on the CPU)."""
+        return calls.call_input_fn(input_fn, mode, self.params, self.config, input_context)
+
+    def _get_features_and_labels_from_input_fn(self, input_fn: Callable[..., Any], mode: str) -> Any:
+        """(features, labels, input hooks) of input_fn's result, built in the current graph."""
+        return inputs.parse_input_fn_result(self._call_input_fn(input_fn, mode))
+
+    def _get_features_from_input_fn(self, input_fn: Callable[..., Any], mode: str) -> tuple[Any, list[Any]]:
+        """(features, input hooks) for PREDICT: labels, if the input has them, are dropped."""
+        features, _, input_hooks = inputs.parse_input_fn_result(self._call_input_fn(input_fn, mode))
+        if not inputs.reads_from_input_pipeline(features):
+            _log.warning("Input graph does not use tf.data.Dataset or contain a QueueRunner. That means predict "
+                         "yields forever. This is probably a mistake.")
+        return features, input_hooks
+
+    def _call_model_fn(self, features: Any, labels: Any, mode: str, config: RunConfig) -> EstimatorSpec:
+        """model_fn called with the labels/mode/params/config it names; returns its EstimatorSpec."""
+        return calls.call_model_fn(self._model_fn, features, labels, mode, self.params, config)
+
+
+def _config_with_model_dir(config: RunConfig | None, model_dir: Any) -> RunConfig:
+    """The Estimator's own config: model_dir settled (argument, config or a temp dir), a default session config."""
+    if config is None:
+        config = RunConfig()
+        _log.info("Using default config.")
+    config = as_run_config(config)
+    if config.session_config is None:
+        config = config.replace(session_config=default_session_config())
+    model_dir = path_to_str(model_dir)
+    if model_dir is not None and config.model_dir is not None and config.model_dir != model_dir:
+        raise ValueError("`model_dir` are set both in constructor and `RunConfig`, but with different values. In "
+                         f"constructor: '{model_dir}', in `RunConfig`: '{config.model_dir}' ")
+    if model_dir:
+        return config.replace(model_dir=model_dir)
+    if config.model_dir is None:
+        model_dir = tempfile.mkdtemp()
+        _log.warning("Using temporary folder as model directory: %s", model_dir)
+        return config.replace(model_dir=model_dir)
+    return config
+
+
+def _replica_device_setter(config: RunConfig) -> Any:
+    """With parameter servers in the cluster, variables go to them and ops stay on this task (else None)."""
+    if not config.num_ps_replicas:
+        return None
+    worker = f"/job:{config.task_type}/task:{config.task_id}" if config.task_type else "/job:worker"
+    return tf.compat.v1.train.replica_device_setter(ps_tasks=config.num_ps_replicas, worker_device=worker,
+                                                    merge_devices=True, cluster=config.cluster_spec)
