@@ -45,6 +45,8 @@ class EstimatorBase(Estimator):
         tf.compat.v1.logging.info("Calling model_fn.")
         result = self._model_fn(features=features, **kwargs)
         tf.compat.v1.logging.info("Done calling model_fn.")
+        if not isinstance(result, EstimatorSpec) and _same_fields_spec(result):
+            result = EstimatorSpec(**result._asdict())  # the runtime takes tf.estimator's spec as its own too
         return result
 
     def _adapt_spec(self, spec: EstimatorSpec, mode: str) -> EstimatorSpec:
@@ -60,3 +62,10 @@ class EstimatorBase(Estimator):
     def warm_start_settings(self) -> Any:
         """The WarmStartSettings built from warm_start_from (None if not given)."""
         return self._warm_start_settings
+
+
+def _same_fields_spec(value: Any) -> bool:
+    """An EstimatorSpec of the other runtime (tf.estimator's on our runtime): a namedtuple named *EstimatorSpec
+    with EstimatorSpec's fields, which the runtime's own model_fn call accepts as one."""
+    return (isinstance(value, tuple) and type(value).__name__.endswith("EstimatorSpec")
+            and getattr(value, "_fields", None) == EstimatorSpec._fields)

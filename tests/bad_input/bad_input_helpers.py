@@ -18,11 +18,11 @@ import tensorflow as tf
 
 import cerebras_tf
 from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, amp
+from estimator import ModeKeys
 
 CS_IP = "localhost:9000"
 BATCH = 4
 CHIEF_TF_CONFIG = '{"cluster": {"chief": ["localhost:2222"]}, "task": {"type": "chief", "index": 0}}'
-ModeKeys = tf.estimator.ModeKeys
 
 Snapshot = dict[str, tuple[Any, ...]] | None
 

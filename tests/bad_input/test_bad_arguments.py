@@ -20,6 +20,7 @@ from cerebras_tf.errors import (
     InputFunctionError,
     ModelDirError,
 )
+from estimator import RunConfig  # tf.estimator.RunConfig (or the runtime's, which has the same defaults)
 
 HERE = __file__
 
@@ -203,7 +204,7 @@ def test_another_pipeline_op_that_cannot_be_built(model_dir):
 
 
 def test_a_plain_run_config_names_its_default_checkpoint_secs(model_dir):
-    est = CerebrasEstimator(regressor(), model_dir=model_dir, config=tf.estimator.RunConfig(),  # marker: plain
+    est = CerebrasEstimator(regressor(), model_dir=model_dir, config=RunConfig(),  # marker: plain
                             params={"batch_size": BATCH})
     error = refused(lambda: est.compile(regression_input_fn(), validate_only=True), ConfigError,
                     "save_checkpoints_secs=600 is not supported on the CS system. 600 is tf.estimator.RunConfig's "
@@ -220,7 +221,7 @@ def test_an_explicit_checkpoint_secs_is_not_called_a_default(model_dir):
 
 
 @pytest.mark.parametrize("config, level, words", [
-    (tf.estimator.RunConfig(), logging.WARNING, "config is a plain tf.estimator.RunConfig, which has no cs_ip"),
+    (RunConfig(), logging.WARNING, "config is a plain tf.estimator.RunConfig, which has no cs_ip"),
     (CSRunConfig(), logging.INFO, "the CSRunConfig has no cs_ip"),
 ])
 def test_use_cs_without_a_cs_ip_says_so_in_one_line(model_dir, caplog, config, level, words):

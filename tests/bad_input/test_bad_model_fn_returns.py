@@ -14,6 +14,9 @@ from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig
 from cerebras_tf.errors import ModelFnError
 
 THIS_FILE = __file__
+# TF's own specs, where the installed TensorFlow has tf.estimator (TF <= 2.15).
+TF_ESTIMATOR = getattr(tf.compat.v1, "estimator", None)
+needs_tf_estimator = pytest.mark.skipif(TF_ESTIMATOR is None, reason="this TensorFlow has no tf.estimator")
 
 
 def _layers(features, labels):
@@ -51,7 +54,9 @@ def returning(kind: str, in_mode: str = ModeKeys.TRAIN):
         if kind == "tensor":
             return loss
         if kind == "tpu_spec":
-            return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(mode, loss=loss, train_op=train_op)
+            return TF_ESTIMATOR.tpu.TPUEstimatorSpec(mode, loss=loss, train_op=train_op)
+        if kind == "tf_estimator_spec":  # not a mistake: tf.estimator's own spec (also on the runtime)
+            return TF_ESTIMATOR.EstimatorSpec(mode, loss=loss, train_op=train_op, predictions={"y": predictions})
         if kind == "no_loss":
             return CSEstimatorSpec(mode, train_op=train_op, predictions=predictions)  # returns: no_loss
         if kind == "no_train_op":
@@ -117,20 +122,24 @@ def _run(est: CerebrasEstimator, mode: str, call: str = "run"):
     }[mode]
 
 
+def _case(kind: str, mode: str, words: str, *marks: pytest.MarkDecorator) -> object:
+    return pytest.param(kind, mode, words, id=f"{kind}-{mode}", marks=marks)
+
+
 # kind, mode, what the message names
 NOT_A_SPEC = [
-    ("dict", ModeKeys.TRAIN, "returned a dict with keys ['loss', 'train_op']"),
-    ("none", ModeKeys.TRAIN, "returned None"),
-    ("tuple", ModeKeys.TRAIN, "returned a tuple of 2"),
-    ("tensor", ModeKeys.TRAIN, "returned a tensor (mean_squared_error/value:0) alone"),
-    ("tpu_spec", ModeKeys.TRAIN, "returned a TPUEstimatorSpec"),
-    ("none", ModeKeys.EVAL, "in eval mode it returned None"),
-    ("none", ModeKeys.PREDICT, "in infer mode it returned None"),
-    ("dict", ModeKeys.PREDICT, "in infer mode it returned a dict"),
+    _case("dict", ModeKeys.TRAIN, "returned a dict with keys ['loss', 'train_op']"),
+    _case("none", ModeKeys.TRAIN, "returned None"),
+    _case("tuple", ModeKeys.TRAIN, "returned a tuple of 2"),
+    _case("tensor", ModeKeys.TRAIN, "returned a tensor (mean_squared_error/value:0) alone"),
+    _case("tpu_spec", ModeKeys.TRAIN, "returned a TPUEstimatorSpec", needs_tf_estimator),
+    _case("none", ModeKeys.EVAL, "in eval mode it returned None"),
+    _case("none", ModeKeys.PREDICT, "in infer mode it returned None"),
+    _case("dict", ModeKeys.PREDICT, "in infer mode it returned a dict"),
 ]
 
 
-@pytest.mark.parametrize("kind, mode, names", NOT_A_SPEC, ids=[f"{k}-{m}" for k, m, _ in NOT_A_SPEC])
+@pytest.mark.parametrize("kind, mode, names", NOT_A_SPEC)
 def test_a_return_that_is_not_a_spec_is_refused_at_model_fn(model_dir, kind, mode, names):
     model_fn = returning(kind, mode)
     refused(_run(estimator(model_dir, model_fn), mode), ModelFnError, "model_fn should return an EstimatorSpec",
@@ -139,26 +148,26 @@ def test_a_return_that_is_not_a_spec_is_refused_at_model_fn(model_dir, kind, mod
 
 # kind, mode, tf.estimator's message (kept in ours)
 INVALID_SPEC = [
-    ("no_loss", ModeKeys.TRAIN, "Missing loss."),
-    ("no_loss", ModeKeys.EVAL, "Missing loss."),
-    ("no_train_op", ModeKeys.TRAIN, "Missing train_op."),
-    ("per_example_loss", ModeKeys.TRAIN, "Loss must be scalar, given: Tensor("),
-    ("unreduced_loss", ModeKeys.TRAIN, "Loss must be scalar"),
-    ("float_loss", ModeKeys.TRAIN, "loss must be Tensor, given: 0.5"),
-    ("numpy_loss", ModeKeys.TRAIN, "loss must be Tensor, given: 0.5"),
-    ("optimizer_as_train_op", ModeKeys.TRAIN, "train_op must be Operation or Tensor, given: <"),
-    ("uncalled_minimize", ModeKeys.TRAIN, "train_op must be Operation or Tensor, given: <bound method"),
-    ("string_train_op", ModeKeys.TRAIN, "train_op must be Operation or Tensor, given: train"),
-    ("numpy_predictions", ModeKeys.PREDICT, "predictions must be Tensor, given: [[0.]"),
-    ("float_in_preds", ModeKeys.TRAIN, "predictions[bias] must be Tensor, given: 0.5"),
-    ("list_predictions", ModeKeys.PREDICT, "predictions must be Tensor, given: [<tf.Tensor"),
-    ("no_predictions", ModeKeys.PREDICT, "Missing predictions."),
-    ("hook_not_a_hook", ModeKeys.TRAIN, "All hooks must be SessionRunHook instances"),
-    ("metrics_not_a_dict", ModeKeys.EVAL, "eval_metric_ops must be a dict"),
+    _case("no_loss", ModeKeys.TRAIN, "Missing loss."),
+    _case("no_loss", ModeKeys.EVAL, "Missing loss."),
+    _case("no_train_op", ModeKeys.TRAIN, "Missing train_op."),
+    _case("per_example_loss", ModeKeys.TRAIN, "Loss must be scalar, given: Tensor("),
+    _case("unreduced_loss", ModeKeys.TRAIN, "Loss must be scalar"),
+    _case("float_loss", ModeKeys.TRAIN, "loss must be Tensor, given: 0.5"),
+    _case("numpy_loss", ModeKeys.TRAIN, "loss must be Tensor, given: 0.5"),
+    _case("optimizer_as_train_op", ModeKeys.TRAIN, "train_op must be Operation or Tensor, given: <"),
+    _case("uncalled_minimize", ModeKeys.TRAIN, "train_op must be Operation or Tensor, given: <bound method"),
+    _case("string_train_op", ModeKeys.TRAIN, "train_op must be Operation or Tensor, given: train"),
+    _case("numpy_predictions", ModeKeys.PREDICT, "predictions must be Tensor, given: [[0.]"),
+    _case("float_in_preds", ModeKeys.TRAIN, "predictions[bias] must be Tensor, given: 0.5"),
+    _case("list_predictions", ModeKeys.PREDICT, "predictions must be Tensor, given: [<tf.Tensor"),
+    _case("no_predictions", ModeKeys.PREDICT, "Missing predictions."),
+    _case("hook_not_a_hook", ModeKeys.TRAIN, "All hooks must be SessionRunHook instances"),
+    _case("metrics_not_a_dict", ModeKeys.EVAL, "eval_metric_ops must be a dict"),
 ]
 
 
-@pytest.mark.parametrize("kind, mode, tf_message", INVALID_SPEC, ids=[f"{k}-{m}" for k, m, _ in INVALID_SPEC])
+@pytest.mark.parametrize("kind, mode, tf_message", INVALID_SPEC)
 def test_a_spec_tf_estimator_refuses_is_refused_at_the_line_that_builds_it(model_dir, kind, mode, tf_message):
     error = refused(_run(estimator(model_dir, returning(kind, mode)), mode), ModelFnError,
                     f"model_fn's EstimatorSpec is invalid in {mode} mode", tf_message,
@@ -186,3 +195,11 @@ def test_on_cpu_tf_estimator_reports_them_as_it_always_did(model_dir, kind, tf_e
     with pytest.raises(tf_error) as info:
         cpu.train(regression_input_fn(X, Y), max_steps=1)
     assert type(info.value) is tf_error and str(info.value) == tf_message
+
+
+@needs_tf_estimator
+def test_tf_estimators_own_spec_is_a_spec(model_dir):
+    """Not a mistake: a model_fn returning tf.estimator.EstimatorSpec compiles (on the runtime too, which takes
+    tf.estimator's spec as its own)."""
+    result = estimator(model_dir, returning("tf_estimator_spec")).compile(regression_input_fn(), validate_only=True)
+    assert result.validate_only
