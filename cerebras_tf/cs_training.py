@@ -26,6 +26,7 @@ from cerebras_tf import ir
 from cerebras_tf.compiler import initial
 from cerebras_tf.divergence import DivergenceGuard
 from cerebras_tf.errors import InputWorkerError, RunArgumentError, UnsupportedTensorFlowError
+from cerebras_tf.host_checks import HostChecks
 from cerebras_tf.input_workers import InputStream, batch_size
 from cerebras_tf.amp.tf_loss_scaling import STATE_SCOPE as LOSS_SCALE_SCOPE, STATE_VARIABLES
 from cerebras_tf.settings import CSSettings
@@ -62,6 +63,7 @@ def _train(checkpoints: "CheckpointWriter", estimator: EstimatorBase, settings: 
     values = checkpoints.starting_values(getattr(estimator, "warm_start_settings", None))
     half = settings.half_dtype
     executor = Executor(program, values, grad_scaler=checkpoints.starting_grad_scaler(half), half_dtype=half)
+    host_checks = HostChecks(program, "training")  # the model's assertions and prints, after each step
     guard = DivergenceGuard(executor.grad_scaler)  # NaN loss, or stuck overflowing: stop before saving
     first = executor.global_step
     if max_steps is not None:
@@ -89,6 +91,7 @@ def _train(checkpoints: "CheckpointWriter", estimator: EstimatorBase, settings: 
                 _log.info("The input data ended after global step %d.", executor.global_step)
                 break
             result = run_step(executor, features, labels)
+            host_checks.after_step(result.outputs, executor.global_step)  # raises before the step is saved
             step = executor.global_step
             guard.after_step(result, step, saved, (features, labels))
             summaries.step_done(batch_size((features, labels)))
@@ -428,6 +431,7 @@ def evaluate_on_system(estimator: EstimatorBase, settings: CSSettings, model: Ca
     reader = tf.train.load_checkpoint(path)
     executor = Executor(program, checkpoint_values(model, program, path), half_dtype=settings.half_dtype)
     global_step = int(reader.get_tensor("global_step")) if reader.has_tensor("global_step") else 0
+    host_checks = HostChecks(program, "evaluation")  # the model's assertions and prints, after each step
     losses: list[float] = []
     with HostMetrics(program, getattr(model.spec, "host_call", None)) as host, \
             _local_stream(input_fn, estimator.params) as batches:
@@ -438,6 +442,7 @@ def evaluate_on_system(estimator: EstimatorBase, settings: CSSettings, model: Ca
                 _log.info("The input data ended after %d evaluation steps.", len(losses))
                 break
             outputs = run_step(executor, features, labels).outputs
+            host_checks.after_step(outputs)
             losses.append(float(outputs["loss"]))
             host.update(outputs)
         metrics = {**host.result(), "loss": float(np.mean(losses)), "global_step": global_step}
@@ -468,9 +473,11 @@ def predict_on_system(estimator: EstimatorBase, settings: CSSettings, model: Cap
         raise ValueError(f"predict_keys {unknown} are not among the model's predictions {sorted(keys)}.")
     executor = Executor(program, checkpoint_values(model, program, path), half_dtype=settings.half_dtype)
     _log.info("Predicting on the simulated WSE from %s.", path)
+    host_checks = HostChecks(program, "prediction")  # the model's assertions and prints, after each step
     with _local_stream(input_fn, estimator.params) as batches:
         for features, _ in batches:
             outputs = run_step(executor, features).outputs
+            host_checks.after_step(outputs)
             if single:
                 yield outputs["predictions/output"]
             else:

@@ -14,6 +14,8 @@ and many Model Zoo scripts are):
   for calls made by cerebras_tf, estimator/ or TensorFlow itself: the user
   did not write those calls and cannot change them. Notices located in the
   user's own code are kept.
+- The Estimator's "Using config: {...}" dump, which spreads over a dozen lines
+  (the session_config proto prints one field per line): it is kept, on one line.
 
 `install()` is idempotent and needs neither TensorFlow nor absl to be
 imported first (it configures the standard `logging` objects by name).
@@ -73,15 +75,25 @@ class _PrintedByTensorFlowFilter(logging.Filter):
         return not logging.getLogger(TF_LOGGER).handlers
 
 
+class _OneLineConfigFilter(logging.Filter):
+    """On the "tensorflow" logger: the Estimator's "Using config: %s" record, its text on one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == "Using config: %s" and isinstance(record.args, tuple) and len(record.args) == 1:
+            record.args = (" ".join(str(record.args[0]).split()),)
+        return True
+
+
 def _has(filterer: logging.Filterer, kind: type) -> bool:
     return any(isinstance(existing, kind) for existing in filterer.filters)
 
 
 def install() -> None:
-    """Put both filters in place (once): on TensorFlow's logger and, if absl is installed, on absl's handler."""
+    """Put the filters in place (once): on TensorFlow's logger and, if absl is installed, on absl's handler."""
     tf_logger = logging.getLogger(TF_LOGGER)
-    if not _has(tf_logger, _LibraryDeprecationFilter):
-        tf_logger.addFilter(_LibraryDeprecationFilter())
+    for kind in (_LibraryDeprecationFilter, _OneLineConfigFilter):
+        if not _has(tf_logger, kind):
+            tf_logger.addFilter(kind())
     try:
         from absl import logging as absl_logging
     except ImportError:  # pragma: no cover - absl-py is a dependency

@@ -188,9 +188,10 @@ def test_max_steps_already_reached_says_why_nothing_ran(params, tmp_path, capsys
 _CPP_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] ")
 _LOG_RECORD = re.compile(r"^(INFO|WARNING|ERROR):tensorflow:")
 _ABSL_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\]")
-# What the three runs print beyond TF's C++ lines (125 when this was written; ~490 before the log was
-# de-duplicated): a budget, so a new flood fails here.
-_LINE_BUDGET = 160
+# What the three runs print beyond TF's C++ lines (~80 when this was written: the compile report is ~45 of
+# them; ~490 before the log was de-duplicated and the Estimator's config dump put on one line): a budget,
+# so a new flood fails here.
+_LINE_BUDGET = 100
 
 
 def test_dev_example_prints_each_message_once_and_the_report_once(tmp_path):
@@ -214,8 +215,7 @@ def test_dev_example_prints_each_message_once_and_the_report_once(tmp_path):
     assert everything.count("Pipelined placement on WSE-2") == 1
     assert len(re.findall(r"^INFO:tensorflow:loss = [\d.e-]+, step = \d+ ", everything, re.M)) == 2  # every 100
 
-    deprecations = [line for line in everything.splitlines() if "deprecat" in line.lower()]
-    model_py = os.path.join(ROOT, "examples", "fc_digits", "model.py")
-    assert all(line.startswith(model_py) for line in deprecations), deprecations  # the user's own code only
+    assert not [line for line in everything.splitlines() if "deprecat" in line.lower()]
+    assert len(re.findall(r"^INFO:tensorflow:Using config: ", everything, re.M)) == 3  # one line per run
     assert "Instructions for updating" not in everything and "DeprecationWarning" not in everything
     assert sum(len(run) for run in lines) <= _LINE_BUDGET, everything

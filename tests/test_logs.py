@@ -52,3 +52,12 @@ def test_absls_handler_skips_what_tensorflows_own_handler_printed(monkeypatch):
     assert handler.filter(_record("absl's own message", (), name="absl"))
     monkeypatch.setattr(tf_logger, "handlers", [])  # root configured before TF: absl's handler is the only one
     assert handler.filter(_record("loss = %s", (0.5,)))
+
+
+def test_the_estimators_config_dump_is_kept_on_one_line():
+    logs.install()
+    dump = "{'_model_dir': 'm', '_session_config': allow_soft_placement: true\ngraph_options {\n  x: 1\n}\n, 'k': 2}"
+    record = _record("Using config: %s", (dump,))
+    assert logging.getLogger("tensorflow").filter(record)
+    assert record.getMessage() == ("Using config: {'_model_dir': 'm', '_session_config': allow_soft_placement: true "
+                                   "graph_options { x: 1 } , 'k': 2}")

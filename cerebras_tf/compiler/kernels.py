@@ -192,7 +192,8 @@ def unsupported_hint(op: tf.Operation) -> str:
                 "run there, in the input pipeline).")
     if any(t.dtype == tf.string for t in list(op.inputs) + list(op.outputs)):
         return ("String tensors cannot live on the wafer. Do string processing (parsing, formatting, lookup) "
-                "in input_fn and feed numeric tensors; format values in a host_call on the host.")
+                "in input_fn and feed numeric tensors; format values in a host_call on the host, or give "
+                "tf.print / tf.Assert the numeric tensors themselves (the host formats them as TF does).")
     if op.type.startswith("Unique") and "update_" in op.name:
         return ("The optimizer de-duplicates the sparse gradient of an embedding lookup (tf.gather on a "
                 "variable) with tf.unique, whose size depends on the data. Densify the gradients before "
@@ -219,10 +220,12 @@ def unsupported_hint(op: tf.Operation) -> str:
     if op.type in ("If", "StatelessIf"):
         return ("tf.cond/tf.case is compiled by running both branches and selecting the result (variable writes "
                 "happen only in the taken branch), so every op in both branches must run on the CS system.")
+    if op.type in ("CheckNumerics", "CheckNumericsV2"):
+        return ("tf.debugging.check_numerics / assert_all_finite are not run on the CS system. Write the check as "
+                "an assertion, which is: tf.debugging.Assert(tf.reduce_all(tf.math.is_finite(x)), ['x is not "
+                "finite', x]) under tf.control_dependencies (checked by the host after each step).")
     if op.type in ("PartitionedCall", "StatefulPartitionedCall"):
         return "Calls of tf.function inside model_fn are not inlined; call the Python function directly instead."
-    if op.type.startswith("Assert") or op.type in ("PrintV2", "Print"):
-        return "Runtime assertions and prints cannot run on the wafer; remove them or use a host_call."
     return ("No WSE kernel implements this op. Express it with supported ops (see "
             "cerebras_tf.compiler.kernels.LIBRARY), or compute it on the host in a host_call.")
 

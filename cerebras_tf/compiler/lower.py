@@ -5,7 +5,10 @@ dependencies included, + scalar/histogram summaries; EVAL: loss + host_call
 tensors; PREDICT: predictions)
 to the program inputs (features, labels) and the variables, folds what is
 static (fold.py), matches every remaining op to a kernel (kernels.py) and
-inserts the WSE precision casts. Identity/NoOp/StopGradient and control edges
+inserts the WSE precision casts. Runtime assertions and prints reached on the
+way (tf.debugging.assert_*, tf.Assert, tf.print) are not kernels: their
+conditions and shown tensors become program outputs the host checks and
+prints after each step (checks.py, Program.assertions / .prints). Identity/NoOp/StopGradient and control edges
 disappear; the kernel order (TF creation order, a topological order of data
 and control edges) keeps what they implied. tf.cond/tf.case (If ops) are
 if-converted: both branches run and a select picks the result; branches may
@@ -29,7 +32,7 @@ from tensorflow.python.framework import function_def_to_graph, importer
 
 from cerebras_tf.amp.target import LOSS_SCALING_COLLECTION
 from cerebras_tf import ir
-from cerebras_tf.compiler import fold, kernels
+from cerebras_tf.compiler import checks, fold, kernels
 from cerebras_tf.ir import passes
 from cerebras_tf.errors import (CerebrasError, DynamicShapeError, UnsupportedOpError,
                                 UnsupportedTensorFlowError, raise_problems)
@@ -37,7 +40,6 @@ from estimator import CapturedModel, ModeKeys
 from estimator.source import is_user_file
 
 ALIAS_OPS = frozenset({"Identity", "IdentityN", "StopGradient", "Snapshot", "PreventGradient", "EnsureShape"})
-_ASSERT_OPS = frozenset({"Assert", "PrintV2", "Print"})
 _GRADIENT_SCOPE = passes.GRADIENT_SCOPE
 _IF_OPS = frozenset({"If", "StatelessIf"})
 _WHILE_OPS = frozenset({"While", "StatelessWhile"})
@@ -140,40 +142,31 @@ def _plugin_name(op: tf.Operation) -> str | None:
     return tf.compat.v1.SummaryMetadata.FromString(metadata).plugin_data.plugin_name
 
 
-def _is_assertion(op: tf.Operation) -> bool:
-    if op.type in _ASSERT_OPS or (op.type in _IF_OPS and "AssertGuard" in op.name):
-        return True
-    return op.type in ALIAS_OPS and len(op.inputs) > 0 and _is_assertion(op.inputs[0].op)
-
-
-def needed_ops(roots: Sequence[tf.Operation], stop: set[str]) -> tuple[list[tf.Operation], int]:
+def needed_ops(roots: Sequence[tf.Operation], stop: set[str]) -> list[tf.Operation]:
     """Ops the roots depend on (data and control), in creation order, stopping at tensors in `stop`.
 
-    Runtime assertions reached only through control edges are dropped; returns
-    (ops, number of assertions dropped).
+    Runtime assertions and prints (checks.is_check) are included, but of their
+    inputs only what the host needs computed (checks.needed_inputs: not the
+    strings of their messages).
     """
     seen: dict[str, tf.Operation] = {}
-    dropped: set[str] = set()
     stack = list(roots)
     while stack:
         op = stack.pop()
         if op.name in seen:
             continue
         seen[op.name] = op
-        stack.extend(t.op for t in op.inputs if t.name not in stop)
-        for control in op.control_inputs:
-            if _is_assertion(control):
-                dropped.add(control.name)
-            else:
-                stack.append(control)
-    return sorted(seen.values(), key=lambda op: op._id), len(dropped)
+        inputs = checks.needed_inputs(op) if checks.is_check(op) else op.inputs
+        stack.extend(t.op for t in inputs if t.name not in stop)
+        stack.extend(op.control_inputs)
+    return sorted(seen.values(), key=lambda op: op._id)
 
 
 def graph_hash(model: CapturedModel, extra: str = "") -> str:
     """sha256 of everything the program depends on (not the input pipeline's data)."""
     outputs, host_call, summaries, roots = program_outputs(model)
     stop = _input_tensors(model)
-    ops, _ = needed_ops([t.op for t in outputs.values() if t.name not in stop] + roots, set(stop))
+    ops = needed_ops([t.op for t in outputs.values() if t.name not in stop] + roots, set(stop))
     described = json.dumps([host_call, summaries], sort_keys=True)
     digest = hashlib.sha256(f"{ir.IR_VERSION}|{model.input.mode}|{described}|{extra}".encode())
     digest.update(f"loss_scaling={json.dumps(loss_scaling(model.graph), sort_keys=True)};".encode())
@@ -184,6 +177,10 @@ def graph_hash(model: CapturedModel, extra: str = "") -> str:
     functions: dict[str, str] = {}
     for op in ops:
         digest.update(_canonical_node(op.node_def, model.graph, functions))
+        if checks.is_check(op):  # its message's strings, and the line its error names
+            for message_op in checks.message_ops(op):
+                digest.update(_canonical_node(message_op.node_def, model.graph, functions))
+            digest.update(f"at={op_location(op)};".encode())
     return digest.hexdigest()
 
 
@@ -275,6 +272,7 @@ class _Builder:
         self.folded_ops = 0
         self.aliases_removed = 0
         self.if_converted = 0
+        self.checks = checks.Collected()
         self._half: dict[int, int] = {}
         self._branches: dict[tuple[str, tuple[tuple[int, str], ...]], tf.Graph] = {}
 
@@ -443,6 +441,9 @@ class _GraphLowerer:
                           location=self._where(op))
             self.env[op.outputs[0].name] = out
             return
+        if checks.is_check(op):
+            self._lower_check(op, role)
+            return
         if self._folded(op) or op.type == "NoOp":
             return
         if op.type in ALIAS_OPS:
@@ -539,6 +540,76 @@ class _GraphLowerer:
                 "(drop_remainder=True) and static shapes in model_fn.")
         return self.b.tensor(shape, out.dtype.name, self._name(out))
 
+    # ---- runtime assertions and prints -----------------------------------------------
+    def _lower_check(self, op: tf.Operation, role: str) -> None:
+        """An assertion or print (checks.py): its condition and the tensors it shows become program outputs
+        the host reads after each step. In a tf.cond branch an assertion holds, and a print prints, only
+        when the branch is taken."""
+        where, name = self._where(op), self._name(op)
+        described = checks.describe(op, self.b.branch_graph, name, where)
+        for out_name, tensor in described.aliases.items():
+            self.env[out_name] = self.operand(tensor)
+        shown = ("Assert" if described.kind == "assert" else op.type, described.entry["name"])  # named in errors
+        items = [self._check_item(shown, item, role, where) for item in described.items]
+        if described.condition is not None:
+            condition = self.operand(described.condition)
+            if self.guard is not None:
+                condition = self._unless_untaken(condition, self.guard(), name, role, where)
+            self.b.checks.add_assertion(name, described, where, condition, items)
+            return
+        after = checks.assertions_among_ancestors(op, lambda o: self.b.checks.assertion_index.get(self._name(o)))
+        self.b.checks.add_print(described, where, items, self.guard() if self.guard is not None else None, after)
+
+    def _check_item(self, shown: tuple[str, str], item: checks.Item, role: str, where: str | None) -> checks.Lowered:
+        """A message item: text, a constant (strings must be), or (tensor id, dtype) streamed each step.
+        `shown`: the check's op type and name, for errors."""
+        op_type, name = shown
+        if isinstance(item, str):
+            return item
+        if isinstance(item, np.ndarray):
+            return checks.constant_value(item)
+        if isinstance(item, checks.VariableRead):
+            return self._read_for_check(shown, item.handle, role, where)
+        if item.dtype == tf.string:
+            value = tf.get_static_value(item)
+            if value is None:
+                raise checks.refuse_runtime_string(op_type, name, item, where)
+            return checks.constant_value(value)
+        if self.folder.is_const(item):
+            value = self.folder.value(item)
+            return checks.constant_value(value.materialise() if isinstance(value, fold.Splat) else value)
+        operand = self.operand(item)
+        if isinstance(operand, VarRef):
+            raise UnsupportedOpError(f"Op type {op_type!r} (op {name!r}) shows the variable handle {item.name}.",
+                                     where=where, fix="Show the variable's value (tf.identity(variable)).")
+        return (operand, item.dtype.name)
+
+    def _read_for_check(self, shown: tuple[str, str], handle: tf.Tensor, role: str,
+                        where: str | None) -> checks.Lowered:
+        """The value of a variable an assertion shows (tf.Assert reads it inside its guard), read where it runs."""
+        variable = self.operand(handle)
+        if not isinstance(variable, VarRef):
+            raise UnsupportedOpError(f"Op type {shown[0]!r} (op {shown[1]!r}) reads a variable the CS system cannot "
+                                     f"resolve ({handle.name}).", where=where,
+                                     fix="Pass the variable's value (tf.identity(variable)) to the assertion.")
+        handle_op = self.b.variables[str(variable)]
+        dtype = tf.as_dtype(handle_op.get_attr("dtype"))
+        out = self.b.tensor(tf.TensorShape(handle_op.get_attr("shape")).as_list(), dtype.name,
+                            f"{shown[1]}/read_{variable}")
+        self.b.kernel("read_variable", [], [out], {}, role=role, vars_=[str(variable)],
+                      tf_name=self.b.tensors[out].name, location=where)
+        return (out, dtype.name)
+
+    def _unless_untaken(self, condition: int, guard: int, name: str, role: str, where: str | None) -> int:
+        """condition OR NOT guard: an assertion in an untaken tf.cond branch holds (TF does not run it)."""
+        untaken = self.b.tensor([], "bool", f"{name}/branch_not_taken")
+        self.b.kernel("logical_not", [guard], [untaken], {}, role=role, tf_name=self.b.tensors[untaken].name,
+                      location=where)
+        holds = self.b.tensor([], "bool", f"{name}/holds")
+        self.b.kernel("logical_or", [untaken, condition], [holds], {}, role=role, tf_name=self.b.tensors[holds].name,
+                      location=where)
+        return holds
+
     # ---- if-conversion ------------------------------------------------------------
     def _lower_if(self, op: tf.Operation, role: str) -> None:
         """Both branches run and a select picks each output; each branch's variable writes are guarded
@@ -610,7 +681,7 @@ class _GraphLowerer:
                 known[placeholder.name] = self.folder.value(arg)
             else:
                 env[placeholder.name] = value
-        ops, _ = needed_ops([t.op for t in graph.outputs] + list(graph.control_outputs), set())
+        ops = needed_ops([t.op for t in graph.outputs] + list(graph.control_outputs), set())
         loop = next((inner for inner in ops if inner.type in _WHILE_OPS), None)
         if loop is not None:  # named as such, not by the first of its gradient accumulators (TensorList ops)
             raise UnsupportedOpError(
@@ -651,7 +722,7 @@ def lower(model: CapturedModel, *, casts: bool = True) -> tuple[ir.Program, dict
     graph = model.graph
     outputs, host_call, summaries, roots = program_outputs(model)
     inputs = _input_tensors(model)
-    ops, assertions = needed_ops([t.op for t in outputs.values() if t.name not in inputs] + roots, set(inputs))
+    ops = needed_ops([t.op for t in outputs.values() if t.name not in inputs] + roots, set(inputs))
     builder = _Builder(graph, casts)
     env: dict[str, Any] = {}
     program_inputs: dict[str, int] = {}
@@ -672,6 +743,7 @@ def lower(model: CapturedModel, *, casts: bool = True) -> tuple[ir.Program, dict
     raise_problems(_dedupe(builder.problems))
 
     program_outs = {name: lowerer.operand(tensor) for name, tensor in outputs.items()}
+    program_outs.update(builder.checks.outputs)
     alive = passes.prune_dead_kernels(builder.kernels, set(program_outs.values()))
     dead_kernels = len(builder.kernels) - len(alive)
     builder.kernels[:] = alive
@@ -680,6 +752,7 @@ def lower(model: CapturedModel, *, casts: bool = True) -> tuple[ir.Program, dict
         mode=model.input.mode, tensors=builder.tensors, kernels=alive,
         variables=_variables(builder, model), inputs=program_inputs, outputs=program_outs,
         host_call=host_call, summaries=summaries,
+        assertions=builder.checks.assertions, prints=builder.checks.prints,
         gradient_seed=seeds[0] if seeds else None,
         global_step=model.input.global_step.op.name if model.input.global_step is not None else None,
         precision_casts=casts, loss_scaling=loss_scaling(graph), arrays=builder.arrays)
@@ -687,7 +760,8 @@ def lower(model: CapturedModel, *, casts: bool = True) -> tuple[ir.Program, dict
     program.gradients = passes.gradient_tensors(program)
     program.layers = passes.layers(program)
     stats = {"tf_ops": len(ops), "folded_ops": builder.folded_ops, "aliases_removed": builder.aliases_removed,
-             "assertions_dropped": assertions, "if_converted": builder.if_converted, "dead_kernels": dead_kernels,
+             "assertions": len(program.assertions), "prints": len(program.prints),
+             "if_converted": builder.if_converted, "dead_kernels": dead_kernels,
              "precision_casts": sum(1 for k in alive if k.kind == "to_half")}
     return program, stats
 

@@ -42,8 +42,8 @@ def render(program: ir.Program, stats: Mapping[str, Any], *, graph_hash: str, sy
         f"  compile time: {seconds:.2f} s",
         "",
         f"TF ops in the program: {stats['tf_ops']}; folded (static): {stats['folded_ops']}; "
-        f"Identity/StopGradient removed: {stats['aliases_removed']}; runtime assertions dropped: "
-        f"{stats['assertions_dropped']}; tf.cond if-converted: {stats['if_converted']}; "
+        f"Identity/StopGradient removed: {stats['aliases_removed']}; runtime assertions checked on the host: "
+        f"{stats['assertions']}; prints: {stats['prints']}; tf.cond if-converted: {stats['if_converted']}; "
         f"unused kernels removed: {stats.get('dead_kernels', 0)}",
         f"Program: {kernel_summary(program)}",
         "  by role: " + ", ".join(f"{r} {roles[r]}" for r in ir.ROLES if roles[r]),

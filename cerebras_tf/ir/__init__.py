@@ -7,9 +7,14 @@ verify (Program.verify()). Everything is re-exported here: `from cerebras_tf
 import ir; ir.Program`.
 """
 from cerebras_tf.ir.keys import (
+    ASSERT_PREFIX,
+    FILE_STREAM_PREFIX,
     HOST_CALL_PREFIX,
     HOST_SUMMARY_KINDS,
+    PRINT_PREFIX,
+    PRINT_STREAMS,
     SUMMARY_PREFIX,
+    check_key,
     host_call_arguments,
     host_call_structure,
     input_leaves,
@@ -31,8 +36,9 @@ from cerebras_tf.ir.verify import IRError, verify
 from cerebras_tf.ir.vocabulary import DTYPES, HALF, KINDS, READS_VARIABLES, ROLES, VARIABLE_ROLES, WRITES
 
 __all__ = [
-    "CONSTANTS_FILE", "DTYPES", "HALF", "HOST_CALL_PREFIX", "HOST_SUMMARY_KINDS", "IRError", "IR_VERSION", "KINDS",
-    "PROGRAM_FILE", "READS_VARIABLES", "ROLES", "SUMMARY_PREFIX", "VARIABLE_ROLES", "WRITES", "Const", "Kernel",
-    "Layer", "Program", "Tensor", "Variable", "array_key", "host_call_arguments", "host_call_structure",
-    "input_leaves", "phases", "verify",
+    "ASSERT_PREFIX", "CONSTANTS_FILE", "DTYPES", "FILE_STREAM_PREFIX", "HALF", "HOST_CALL_PREFIX",
+    "HOST_SUMMARY_KINDS", "IRError", "IR_VERSION", "KINDS", "PRINT_PREFIX", "PRINT_STREAMS", "PROGRAM_FILE",
+    "READS_VARIABLES", "ROLES", "SUMMARY_PREFIX", "VARIABLE_ROLES", "WRITES", "Const", "Kernel", "Layer", "Program",
+    "Tensor", "Variable", "array_key", "check_key", "host_call_arguments", "host_call_structure", "input_leaves",
+    "phases", "verify",
 ]

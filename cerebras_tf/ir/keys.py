@@ -1,4 +1,5 @@
-"""How a program's inputs and outputs are keyed: batch leaves ("features/<key>") and host_call's arguments.
+"""How a program's inputs and outputs are keyed: batch leaves ("features/<key>"), host_call's arguments,
+and the values runtime assertions and prints show ("assert/<n>/...", "print/<n>/...").
 
 Pure walks of Python structures: the compiler calls them on TF tensors, the
 executor and the host on numpy arrays, so both sides agree on the keys.
@@ -11,6 +12,21 @@ HOST_CALL_PREFIX = "host_call"
 SUMMARY_PREFIX = "summary"
 # The summary kinds computed on the wafer as outputs "summary/<tag>" and written by the host.
 HOST_SUMMARY_KINDS = ("scalar", "histogram")
+# Runtime assertions and prints (Program.assertions / Program.prints, entry n): the wafer computes
+# "assert/<n>/condition" (a scalar bool), "assert/<n>/data/<j>" and "print/<n>/data/<j>" (the tensors their
+# messages show: j is the position in the entry's "data" / "pieces") and "print/<n>/when" (a print inside a
+# tf.cond branch: was the branch taken); the host checks and prints them after each step.
+ASSERT_PREFIX = "assert"
+PRINT_PREFIX = "print"
+# Where a print writes (PrintV2's output_stream; or "file://<path>", appended to).
+PRINT_STREAMS = ("stderr", "stdout", "log(info)", "log(warning)", "log(error)")
+FILE_STREAM_PREFIX = "file://"
+
+
+def check_key(prefix: str, index: int, *part: str | int) -> str:
+    """The output key of a part of assertion or print `index`: check_key("assert", 0, "data", 2) is
+    "assert/0/data/2"."""
+    return "/".join([prefix, str(index), *(str(p) for p in part)])
 
 
 def input_leaves(name: str, value: Any) -> dict[str, Any]:
@@ -30,9 +46,6 @@ def input_leaves(name: str, value: Any) -> dict[str, Any]:
     else:
         return {name: value}
     return {key: leaf for child, item in items for key, leaf in input_leaves(f"{name}/{child}", item).items()}
-
-
-
 
 
 def host_call_structure(tensors: Any, is_tensor: Any) -> tuple[dict[str, Any], dict[str, Any], list[tuple[str, Any]]]:

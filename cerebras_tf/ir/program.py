@@ -23,6 +23,9 @@ to TensorFlow objects. Conventions:
   earlier kernel) runs only when that tensor is True: the variable writes of
   an if-converted tf.cond branch (both branches compute, a select picks the
   outputs, only the taken branch writes). Only variable writes are guarded.
+- Runtime assertions and prints (`assertions`, `prints`) are not kernels: the
+  tensors they need are program outputs (keys.ASSERT_PREFIX / PRINT_PREFIX),
+  and the host checks and prints after each step what their entries describe.
 """
 from __future__ import annotations
 
@@ -125,6 +128,18 @@ class Program:
     # TRAIN: the model_fn's tf.compat.v1 summaries, tag -> kind; "scalar" and "histogram" are computed as
     # outputs "summary/<tag>" and written by the host, other kinds ("image", "audio", "tensor", "tf2") are not
     summaries: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Runtime assertions (tf.debugging.assert_*, tf.Assert), in graph order; the host raises TF's
+    # InvalidArgumentError when one fails. Each: {"name": the Assert op, "location": user's file:line or None,
+    # "summarize": int, "condition": output key of a scalar bool, "data": [value...]}, where a value is
+    # {"output": key, "dtype": str} (streamed each step) or {"constant": nested list, "dtype": str (or "string":
+    # text as str, bytes >= 0x80 as surrogate escapes), "shape": [...]} (known at compile time).
+    assertions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # tf.print (PrintV2, style "v2") and tf.compat.v1.Print ("v1"), in graph order. Each: {"name", "location",
+    # "style", "summarize", "output_stream" (keys.PRINT_STREAMS or "file://<path>"), "end", "first_n" (-1: every
+    # step), "pieces": [{"text": str} | value...] (concatenated, values formatted as TF does), "when": output key
+    # of a scalar bool (inside a tf.cond branch: print only when it is True) or None, "after": [indices of the
+    # assertions this print depends on: it does not print when one of them fails]}.
+    prints: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     version: int = IR_VERSION
     arrays: dict[int, np.ndarray] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 

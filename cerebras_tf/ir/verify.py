@@ -3,21 +3,26 @@
 Checked: vocabularies (kinds, roles, dtypes), ids, every tensor defined
 before it is read and defined once, guards (earlier scalar bools, on variable
 writes only), variables named by kernels exist, inputs/outputs/gradients
-exist, host_call's structure matches its outputs, summaries match theirs, and
-the phase split loss scaling needs (no kernel reads a tensor a later phase
+exist, host_call's structure matches its outputs, summaries match theirs,
+assertions and prints match theirs (every "assert/..."/"print/..." output is
+one an entry reads, conditions are scalar bools, constants have their shapes),
+and the phase split loss scaling needs (no kernel reads a tensor a later phase
 makes). Every problem is listed, so one run shows them all.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from cerebras_tf.ir.keys import HOST_CALL_PREFIX, HOST_SUMMARY_KINDS, SUMMARY_PREFIX
+import numpy as np
+
+from cerebras_tf.ir.keys import (ASSERT_PREFIX, FILE_STREAM_PREFIX, HOST_CALL_PREFIX, HOST_SUMMARY_KINDS,
+                                 PRINT_PREFIX, PRINT_STREAMS, SUMMARY_PREFIX)
 from cerebras_tf.ir.passes import phases
 from cerebras_tf.ir.program import IR_VERSION, Kernel, Program
 from cerebras_tf.ir.vocabulary import DTYPES, KINDS, ROLES, VARIABLE_ROLES, WRITES
 
 _INPUT_SIDES = ("features", "labels")
-_OUTPUT_KEYS = ("loss", HOST_CALL_PREFIX, SUMMARY_PREFIX, "predictions")
+_OUTPUT_KEYS = ("loss", HOST_CALL_PREFIX, SUMMARY_PREFIX, "predictions", ASSERT_PREFIX, PRINT_PREFIX)
 
 
 class IRError(ValueError):
@@ -38,6 +43,7 @@ def verify(program: Program) -> None:
     defined = _input_problems(program, problems)
     problems += _kernel_problems(program, defined)
     problems += _output_problems(program, defined)
+    problems += _check_problems(program)
     problems += _phase_problems(program)
     if problems:
         raise IRError(problems)
@@ -173,6 +179,62 @@ def _output_problems(program: Program, defined: set[int]) -> list[str]:
     stray = [t for t in program.gradients if t not in produced]
     if stray:
         problems.append(f"gradients {stray} are not computed by any kernel")
+    return problems
+
+
+def _check_problems(program: Program) -> list[str]:
+    """Assertions and prints: their output keys exist and are scalar bools where a condition is read, their
+    constants have their shapes, and every "assert/..." and "print/..." output is read by the entry it names."""
+    problems: list[str] = []
+    read: set[str] = set()
+
+    def scalar_bool(key: Any, what: str) -> None:
+        read.add(key)
+        tid = program.outputs.get(key)
+        if tid is None:
+            problems.append(f"{what} reads output {key!r}, which the program does not stream")
+        elif 0 <= tid < len(program.tensors) and (program.tensors[tid].dtype != "bool"
+                                                  or program.tensors[tid].shape != []):
+            problems.append(f"{what} reads output {key!r} as a condition, but it is a "
+                            f"{program.tensors[tid].dtype} {program.tensors[tid].shape}, not a scalar bool")
+
+    def value(item: Any, what: str) -> None:
+        if not isinstance(item, dict) or ("output" in item) == ("constant" in item):
+            problems.append(f"{what} is neither an output nor a constant: {item!r}")
+        elif "output" in item:
+            read.add(item["output"])
+            if item["output"] not in program.outputs:
+                problems.append(f"{what} reads output {item['output']!r}, which the program does not stream")
+        else:
+            shape = list(np.shape(np.asarray(item["constant"], dtype=object)))
+            if shape != list(item.get("shape", [])):
+                problems.append(f"{what} is a constant of shape {shape} but says {item.get('shape')}")
+
+    for index, entry in enumerate(program.assertions):
+        what = f"assertion {index} ({entry.get('name')})"
+        scalar_bool(entry.get("condition"), what)
+        for j, item in enumerate(entry.get("data", [])):
+            value(item, f"{what} data {j}")
+    for index, entry in enumerate(program.prints):
+        what = f"print {index} ({entry.get('name')})"
+        stream = entry.get("output_stream", "")
+        if stream not in PRINT_STREAMS and not str(stream).startswith(FILE_STREAM_PREFIX):
+            problems.append(f"{what} writes to {stream!r}, none of {', '.join(PRINT_STREAMS)} "
+                            f"or {FILE_STREAM_PREFIX}<path>")
+        if entry.get("style") not in ("v1", "v2"):
+            problems.append(f"{what} has style {entry.get('style')!r}, not 'v1' or 'v2'")
+        if entry.get("when") is not None:
+            scalar_bool(entry["when"], what)
+        for j, item in enumerate(entry.get("pieces", [])):
+            if not (isinstance(item, dict) and set(item) == {"text"}):
+                value(item, f"{what} piece {j}")
+        stray = [a for a in entry.get("after", []) if not 0 <= a < len(program.assertions)]
+        if stray:
+            problems.append(f"{what} waits for assertions {stray}, which do not exist")
+    streamed = {key for key in program.outputs if key.split("/", 1)[0] in (ASSERT_PREFIX, PRINT_PREFIX)}
+    unread = sorted(streamed - read)
+    if unread:
+        problems.append(f"outputs {unread} are read by no assertion or print")
     return problems
 
 

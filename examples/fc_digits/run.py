@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,10 @@ DEFAULT_MODEL_DIR = "./model_dir_fc_digits"
 MODES = ("train", "eval", "train_and_eval")
 # params["runconfig"] keys that control this script; every other key is a CSRunConfig argument.
 _RUN_KEYS = ("max_steps", "eval_steps")
+
+# The model builds its layers with tf.compat.v1.layers, as the Model Zoo's TensorFlow models do; tf-keras
+# warns that they are deprecated each time a graph is built. Nothing to act on for the CS system.
+warnings.filterwarnings("ignore", message=r"`tf\.layers\.\w+` is deprecated", category=UserWarning)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("mode", "train", list(MODES), "What to run.")

@@ -39,6 +39,22 @@ def tiny_train_program() -> ir.Program:
                       global_step="global_step", summaries={"abs_loss": "scalar", "picture": "image"})
 
 
+def program_with_checks() -> ir.Program:
+    """The tiny program plus an assertion (condition: a constant True) showing the loss, and a print of it."""
+    program = tiny_train_program()
+    program.tensors.append(ir.Tensor(9, [], "bool", "holds", const=ir.Const(splat=True)))
+    program.outputs.update({"assert/0/condition": 9, "assert/0/data/1": 3, "print/0/data/1": 3})
+    program.assertions = [{"name": "Assert/AssertGuard/Assert", "location": "model.py:3", "summarize": 3,
+                           "condition": "assert/0/condition",
+                           "data": [{"constant": "loss is", "dtype": "string", "shape": []},
+                                    {"output": "assert/0/data/1", "dtype": "float32"},
+                                    {"constant": [[1, 2]], "dtype": "int32", "shape": [1, 2]}]}]
+    program.prints = [{"name": "PrintV2", "location": None, "style": "v2", "summarize": 3, "output_stream": "stderr",
+                       "end": "\n", "first_n": -1, "when": None, "after": [0],
+                       "pieces": [{"text": "loss "}, {"output": "print/0/data/1", "dtype": "float32"}]}]
+    return program
+
+
 @pytest.fixture
 def program() -> ir.Program:
     return tiny_train_program()
