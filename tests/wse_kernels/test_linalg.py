@@ -103,7 +103,7 @@ ADJOINT_CASES = [
 def test_conv2d_input_gradient_is_the_adjoint_with_cropping_paddings(case, rng):
     """Per-tap input gradients (only where a tap reads the input) and padding into reused scratch
     memory against the dense im2col/col2im formulation, for crops, strides and dilations."""
-    from cerebras_tf.wse.kernels.linalg import _Geom, col2im, im2col
+    from cerebras_tf.wse.kernels.conv_geometry import Geom as _Geom, col2im, im2col
     xs, fs, strides, dil, explicit = case
     attrs = _attrs(strides, "EXPLICIT", dil, explicit)
     x, f = rng.normal(size=xs).astype(F), rng.normal(size=fs).astype(F)
