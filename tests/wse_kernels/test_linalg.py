@@ -1,4 +1,5 @@
-"""matmul / batch_matmul / einsum / conv2d family against tf.raw_ops (float32 accumulation)."""
+"""matmul / batch_matmul / einsum / conv2d family against tf.raw_ops (float32 accumulation), on every
+host-kernel provider (the `host_kernels` fixture: numpy/OpenBLAS and TensorFlow's own kernels)."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,6 +11,8 @@ from kernel_helpers import check, run
 R = tf.raw_ops
 F = np.float32
 TOL = dict(rtol=1e-5, atol=1e-5)
+
+pytestmark = pytest.mark.usefixtures("host_kernels")
 
 
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])

@@ -1,0 +1,191 @@
+"""TensorFlow's own CPU kernels (oneDNN) as the simulated WSE's host kernels, and the choice of provider.
+
+The executor (wse/, TF-free) takes its dense arithmetic from a `HostKernels`
+provider; this one calls tf.raw_ops eagerly on the numpy operands: MatMul,
+BatchMatMulV2, Conv2D, Conv2DBackpropInput/Filter, DepthwiseConv2dNative and
+its two gradients. It is only the arithmetic: the WSE kernels around it keep the
+numerics contract (float32 operands, already rounded to the half dtype;
+float32 accumulation; the result cast back), so a run differs from the numpy
+provider only by the order in which float32 products are summed.
+
+What TF's CPU kernels refuse goes to the numpy provider, call by call: integer
+operands, dilated gradients (and dilated strided or depthwise forwards),
+negative (cropping) explicit paddings. NCHW is transposed to NHWC around the
+call, as the numpy provider does, so TF builds without NCHW CPU kernels work.
+
+`system_host_kernels()` is the choice for a run on the simulated system:
+TensorFlow's kernels unless CEREBRAS_TF_HOST_KERNELS=numpy. TensorFlow is
+already loaded on that path, its convolutions and their gradients are several
+times faster than im2col on OpenBLAS and its matmul is at least as fast
+(benchmarks/kernels_bench.py), and with float32 numerics it makes the run's
+dense arithmetic TF's own, summation order included.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from cerebras_tf.wse.kernels import NUMPY_HOST_KERNELS, HostKernels
+
+ENV_VAR = "CEREBRAS_TF_HOST_KERNELS"
+_R = tf.raw_ops
+_numpy = NUMPY_HOST_KERNELS
+_logged: set[str] = set()
+
+
+def _floats(inputs: Sequence[np.ndarray]) -> bool:
+    return all(x.dtype == np.float32 for x in inputs)
+
+
+def matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
+    """MatMul (TF's oneDNN sgemm); integer operands on numpy."""
+    if not _floats(inputs):
+        return _numpy.matmul(inputs, attrs)
+    a, b = inputs
+    return _R.MatMul(a=a, b=b, transpose_a=bool(attrs.get("transpose_a", False)),
+                     transpose_b=bool(attrs.get("transpose_b", False))).numpy()
+
+
+def batch_matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
+    """BatchMatMulV2, broadcasting batch dimensions; integer operands on numpy."""
+    if not _floats(inputs):
+        return _numpy.batch_matmul(inputs, attrs)
+    a, b = inputs
+    return _R.BatchMatMulV2(x=a, y=b, adj_x=bool(attrs.get("adj_x", False)),
+                            adj_y=bool(attrs.get("adj_y", False))).numpy()
+
+
+class _Conv:
+    """A convolution's attrs in TF's NHWC form (NCHW operands are transposed around the call)."""
+
+    def __init__(self, attrs: Mapping[str, Any]) -> None:
+        self.nchw = str(attrs.get("data_format", "NHWC")).startswith("NC")
+        padding = attrs.get("padding", "VALID")
+        self.padding = padding.decode() if isinstance(padding, bytes) else str(padding)
+        self.strides = self._nhwc(attrs.get("strides"))
+        self.dilations = self._nhwc(attrs.get("dilations"))
+        pairs = [int(v) for v in attrs.get("explicit_paddings") or []]
+        if pairs and self.nchw:
+            pairs = pairs[0:2] + pairs[4:8] + pairs[2:4]
+        self.explicit = pairs if self.padding == "EXPLICIT" else []
+
+    def _nhwc(self, values: Sequence[int] | None) -> list[int]:
+        v = [int(x) for x in values] if values else [1, 1, 1, 1]
+        if len(v) == 2:
+            return [1, v[0], v[1], 1]
+        return [v[0], v[2], v[3], v[1]] if self.nchw else v
+
+    @property
+    def dilated(self) -> bool:
+        return self.dilations != [1, 1, 1, 1]
+
+    def supported(self, backprop: bool = False, depthwise: bool = False) -> bool:
+        """What TF's CPU kernels run: no cropping paddings; dilations only in a plain stride-1 forward."""
+        if any(p < 0 for p in self.explicit):
+            return False
+        if self.dilated and (backprop or depthwise or self.strides != [1, 1, 1, 1]):
+            return False
+        return True
+
+    def kw(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {"strides": self.strides, "padding": self.padding, "dilations": self.dilations}
+        if self.explicit:
+            kw["explicit_paddings"] = self.explicit
+        return kw
+
+    def to_nhwc(self, x: np.ndarray) -> np.ndarray:
+        return x.transpose(0, 2, 3, 1) if self.nchw else x
+
+    def sizes(self, sizes: Sequence[int]) -> list[int]:
+        s = [int(v) for v in sizes]
+        return [s[0], s[2], s[3], s[1]] if self.nchw else s
+
+    def back(self, y: Any) -> np.ndarray:
+        y = y.numpy()
+        return np.ascontiguousarray(y.transpose(0, 3, 1, 2)) if self.nchw else y
+
+
+def conv2d(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
+    c = _Conv(attrs)
+    if not c.supported():
+        return _numpy.conv2d(inputs, attrs)
+    x, f = inputs
+    return c.back(_R.Conv2D(input=c.to_nhwc(x), filter=f, **c.kw()))
+
+
+def conv2d_backprop_input(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
+    c = _Conv(attrs)
+    if not c.supported(backprop=True):
+        return _numpy.conv2d_backprop_input(inputs, attrs)
+    f, dy = inputs
+    return c.back(_R.Conv2DBackpropInput(input_sizes=c.sizes(attrs["input_sizes"]), filter=f,
+                                         out_backprop=c.to_nhwc(dy), **c.kw()))
+
+
+def conv2d_backprop_filter(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
+    c = _Conv(attrs)
+    if not c.supported(backprop=True):
+        return _numpy.conv2d_backprop_filter(inputs, attrs)
+    x, dy = inputs
+    return _R.Conv2DBackpropFilter(input=c.to_nhwc(x), filter_sizes=[int(v) for v in attrs["filter_sizes"]],
+                                   out_backprop=c.to_nhwc(dy), **c.kw()).numpy()
+
+
+def depthwise_conv2d(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
+    c = _Conv(attrs)
+    if not c.supported(depthwise=True):
+        return _numpy.depthwise_conv2d(inputs, attrs)
+    x, f = inputs
+    return c.back(_R.DepthwiseConv2dNative(input=c.to_nhwc(x), filter=f, **c.kw()))
+
+
+def depthwise_conv2d_backprop_input(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
+    c = _Conv(attrs)
+    if not c.supported(backprop=True, depthwise=True):
+        return _numpy.depthwise_conv2d_backprop_input(inputs, attrs)
+    f, dy = inputs
+    return c.back(_R.DepthwiseConv2dNativeBackpropInput(input_sizes=c.sizes(attrs["input_sizes"]), filter=f,
+                                                        out_backprop=c.to_nhwc(dy), **c.kw()))
+
+
+def depthwise_conv2d_backprop_filter(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
+    c = _Conv(attrs)
+    if not c.supported(backprop=True, depthwise=True):
+        return _numpy.depthwise_conv2d_backprop_filter(inputs, attrs)
+    x, dy = inputs
+    return _R.DepthwiseConv2dNativeBackpropFilter(
+        input=c.to_nhwc(x), filter_sizes=[int(v) for v in attrs["filter_sizes"]], out_backprop=c.to_nhwc(dy),
+        **c.kw()).numpy()
+
+
+TENSORFLOW_HOST_KERNELS = HostKernels(
+    name="tensorflow",
+    matmul=matmul,
+    batch_matmul=batch_matmul,
+    conv2d=conv2d,
+    conv2d_backprop_input=conv2d_backprop_input,
+    conv2d_backprop_filter=conv2d_backprop_filter,
+    depthwise_conv2d=depthwise_conv2d,
+    depthwise_conv2d_backprop_input=depthwise_conv2d_backprop_input,
+    depthwise_conv2d_backprop_filter=depthwise_conv2d_backprop_filter,
+)
+
+PROVIDERS = {p.name: p for p in (NUMPY_HOST_KERNELS, TENSORFLOW_HOST_KERNELS)}
+
+
+def system_host_kernels() -> HostKernels:
+    """The provider for a run on the simulated system: TensorFlow's kernels, or numpy/OpenBLAS when the
+    environment says CEREBRAS_TF_HOST_KERNELS=numpy. Logged once per process and choice."""
+    value = os.environ.get(ENV_VAR, "").strip().lower() or "tensorflow"
+    if value not in PROVIDERS:
+        raise ValueError(f"{ENV_VAR}={os.environ[ENV_VAR]!r}: expected one of {', '.join(sorted(PROVIDERS))}")
+    if value not in _logged:
+        _logged.add(value)
+        how = (f"TensorFlow's CPU kernels (oneDNN; {ENV_VAR}=numpy selects numpy/OpenBLAS)"
+               if value == "tensorflow" else f"numpy/OpenBLAS ({ENV_VAR}=numpy)")
+        tf.compat.v1.logging.info("The simulated WSE computes its matmuls and convolutions with %s, "
+                                  "in the WSE's numerics (half inputs, float32 accumulation).", how)
+    return PROVIDERS[value]
