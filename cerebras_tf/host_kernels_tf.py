@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
-from cerebras_tf.wse.kernels import NUMPY_HOST_KERNELS, HostKernels
+from cerebras_tf.wse.kernels import NUMPY_HOST_KERNELS, DenseKernel, HostKernels
 
 ENV_VAR = "CEREBRAS_TF_HOST_KERNELS"
 _R = tf.raw_ops
@@ -108,57 +108,40 @@ class _Conv:
         return np.ascontiguousarray(y.transpose(0, 3, 1, 2)) if self.nchw else y
 
 
-def conv2d(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
-    c = _Conv(attrs)
-    if not c.supported():
-        return _numpy.conv2d(inputs, attrs)
-    x, f = inputs
-    return c.back(_R.Conv2D(input=c.to_nhwc(x), filter=f, **c.kw()))
+def _conv_kernel(field: str, op: Any, operands: tuple[str, str], sizes: str | None = None,
+                 backprop: bool = False, depthwise: bool = False) -> DenseKernel:
+    """The provider function `field`: TF's `op` on the two operands (named as `op` names them; the
+    "input"/"out_backprop" ones in NHWC) and the static sizes attr, or the numpy provider's `field` for a
+    call TF refuses. Its result is NHWC but for a filter gradient (HWIO in every data format)."""
+    def kernel(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
+        c = _Conv(attrs)
+        if not c.supported(backprop=backprop, depthwise=depthwise):
+            return getattr(_numpy, field)(inputs, attrs)
+        kw = c.kw()
+        for name, x in zip(operands, inputs):
+            kw[name] = c.to_nhwc(x) if name in ("input", "out_backprop") else x
+        if sizes == "input_sizes":
+            kw[sizes] = c.sizes(attrs[sizes])
+        elif sizes == "filter_sizes":
+            kw[sizes] = [int(v) for v in attrs[sizes]]
+        out = op(**kw)
+        return out.numpy() if sizes == "filter_sizes" else c.back(out)
+    kernel.__name__ = kernel.__qualname__ = field
+    return kernel
 
 
-def conv2d_backprop_input(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
-    c = _Conv(attrs)
-    if not c.supported(backprop=True):
-        return _numpy.conv2d_backprop_input(inputs, attrs)
-    f, dy = inputs
-    return c.back(_R.Conv2DBackpropInput(input_sizes=c.sizes(attrs["input_sizes"]), filter=f,
-                                         out_backprop=c.to_nhwc(dy), **c.kw()))
-
-
-def conv2d_backprop_filter(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
-    c = _Conv(attrs)
-    if not c.supported(backprop=True):
-        return _numpy.conv2d_backprop_filter(inputs, attrs)
-    x, dy = inputs
-    return _R.Conv2DBackpropFilter(input=c.to_nhwc(x), filter_sizes=[int(v) for v in attrs["filter_sizes"]],
-                                   out_backprop=c.to_nhwc(dy), **c.kw()).numpy()
-
-
-def depthwise_conv2d(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
-    c = _Conv(attrs)
-    if not c.supported(depthwise=True):
-        return _numpy.depthwise_conv2d(inputs, attrs)
-    x, f = inputs
-    return c.back(_R.DepthwiseConv2dNative(input=c.to_nhwc(x), filter=f, **c.kw()))
-
-
-def depthwise_conv2d_backprop_input(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
-    c = _Conv(attrs)
-    if not c.supported(backprop=True, depthwise=True):
-        return _numpy.depthwise_conv2d_backprop_input(inputs, attrs)
-    f, dy = inputs
-    return c.back(_R.DepthwiseConv2dNativeBackpropInput(input_sizes=c.sizes(attrs["input_sizes"]), filter=f,
-                                                        out_backprop=c.to_nhwc(dy), **c.kw()))
-
-
-def depthwise_conv2d_backprop_filter(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
-    c = _Conv(attrs)
-    if not c.supported(backprop=True, depthwise=True):
-        return _numpy.depthwise_conv2d_backprop_filter(inputs, attrs)
-    x, dy = inputs
-    return _R.DepthwiseConv2dNativeBackpropFilter(
-        input=c.to_nhwc(x), filter_sizes=[int(v) for v in attrs["filter_sizes"]], out_backprop=c.to_nhwc(dy),
-        **c.kw()).numpy()
+conv2d = _conv_kernel("conv2d", _R.Conv2D, ("input", "filter"))
+conv2d_backprop_input = _conv_kernel("conv2d_backprop_input", _R.Conv2DBackpropInput, ("filter", "out_backprop"),
+                                     "input_sizes", backprop=True)
+conv2d_backprop_filter = _conv_kernel("conv2d_backprop_filter", _R.Conv2DBackpropFilter, ("input", "out_backprop"),
+                                      "filter_sizes", backprop=True)
+depthwise_conv2d = _conv_kernel("depthwise_conv2d", _R.DepthwiseConv2dNative, ("input", "filter"), depthwise=True)
+depthwise_conv2d_backprop_input = _conv_kernel(
+    "depthwise_conv2d_backprop_input", _R.DepthwiseConv2dNativeBackpropInput, ("filter", "out_backprop"),
+    "input_sizes", backprop=True, depthwise=True)
+depthwise_conv2d_backprop_filter = _conv_kernel(
+    "depthwise_conv2d_backprop_filter", _R.DepthwiseConv2dNativeBackpropFilter, ("input", "out_backprop"),
+    "filter_sizes", backprop=True, depthwise=True)
 
 
 TENSORFLOW_HOST_KERNELS = HostKernels(
