@@ -15,10 +15,13 @@ call, as the numpy provider does, so TF builds without NCHW CPU kernels work.
 
 `system_host_kernels()` is the choice for a run on the simulated system:
 TensorFlow's kernels unless CEREBRAS_TF_HOST_KERNELS=numpy. TensorFlow is
-already loaded on that path, its convolutions and their gradients are several
-times faster than im2col on OpenBLAS and its matmul is at least as fast
-(benchmarks/kernels_bench.py), and with float32 numerics it makes the run's
-dense arithmetic TF's own, summation order included.
+already loaded on that path; its convolutions and their gradients are 1.5-5x
+faster than im2col on OpenBLAS, and its matmul as fast alone and faster within a
+step (benchmarks/kernels_bench.py, executor_bench.py: the MLP and CNN steps run
+1.5-2.5x faster on it); and with float32 numerics it makes the run's dense
+arithmetic TF's own, summation order included. (One known loss: TF's input
+gradient of a single-input-channel convolution is slower than numpy's; a
+first layer's input gradient is rarely computed.)
 """
 from __future__ import annotations
 
