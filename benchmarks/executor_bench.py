@@ -9,7 +9,10 @@ Two levels, each side in its own subprocess:
     (the Estimator's inner loop without hooks); ours: cerebras_tf.wse.executor.Executor.step
     on the compiled program.
 Ours runs float16 numerics with dynamic loss scaling (and, for reference, float32 numerics:
-set_half_dtype("float32")).
+set_half_dtype("float32")), each on both host-kernel providers: numpy/OpenBLAS ("/numpy") and
+TensorFlow's own CPU kernels ("/tensorflow", cerebras_tf.host_kernels_tf; what train(use_cs=True)
+uses by default): at the step level handed to the Executor, at the train level through
+CEREBRAS_TF_HOST_KERNELS.
 Models: the MLP 784-500-300-10 (batch 256, Adam) and the zoo CNN (conv + batch norm + pooling,
 Momentum) at 32x32x3, filters 32/64/64, batch 64. Each side runs in its own subprocess so peak
 RSS is its own; both read the same pre-made batches' worth of work per step.
@@ -65,6 +68,7 @@ def _measure(model_name: str, side: str, steps: int, level: str) -> dict:
     from cerebras_tf import amp
     from cerebras_tf.amp import GradScaler
     from cerebras_tf.compiler import initial
+    from cerebras_tf.host_kernels_tf import PROVIDERS
     from cerebras_tf.precheck import precheck
     from cerebras_tf.wse.executor import Executor
 
@@ -89,8 +93,11 @@ def _measure(model_name: str, side: str, steps: int, level: str) -> dict:
     if model_name == "cnn":
         from examples.zoo import cnn
         input_fn, model_fn, params = cnn.input_fn, cnn.model_fn, dict(CNN_PARAMS)
-    if side == "ours-float32":
+    numerics, _, provider = side.partition("/")
+    if numerics == "ours-float32":
         amp.set_half_dtype("float32")
+    if provider:
+        os.environ["CEREBRAS_TF_HOST_KERNELS"] = provider  # the train level's choice (host_kernels_tf)
     if level == "train":
         return _measure_train(model_fn, input_fn, params, side, steps)
     estimator = CerebrasEstimator(model_fn, model_dir=tempfile.mkdtemp(), config=CSRunConfig(cs_ip="bench:1"),
@@ -111,7 +118,7 @@ def _measure(model_name: str, side: str, steps: int, level: str) -> dict:
     else:
         program = estimator.compile(input_fn).program
         executor = Executor(program, initial.initial_values(model, program),
-                            grad_scaler=GradScaler(loss_scale="dynamic"))
+                            grad_scaler=GradScaler(loss_scale="dynamic"), host_kernels=PROVIDERS[provider])
         for i in range(5):
             executor.step(*batches[i % 8])
         start = time.perf_counter()
@@ -165,18 +172,19 @@ def main() -> None:
     print(f"{args.steps} steps after 5 warm-up steps each, {os.cpu_count()}-core CPU; "
           "MLP 784-500-300-10 batch 256 Adam; CNN 32x32x3 filters 32/64/64 batch 64 Momentum; "
           f"OPENBLAS_CORETYPE={env.get('OPENBLAS_CORETYPE', '(unset: chosen by OpenBLAS)')}")
-    print(f"{'model':<6} {'level':<6} {'side':<14} {'steps/s':>9} {'vs TF':>7} {'peak RSS MB':>12}")
+    print(f"{'model':<6} {'level':<6} {'side':<24} {'steps/s':>9} {'vs TF':>7} {'peak RSS MB':>12}")
     for model_name in args.models.split(","):
         for level in args.levels.split(","):
             rows = {}
-            for side in ("tf", "ours-float16", "ours-float32"):
+            for side in ("tf", *(f"ours-{numerics}/{provider}" for numerics in ("float16", "float32")
+                                 for provider in ("numpy", "tensorflow"))):
                 out = subprocess.run([sys.executable, "-m", "benchmarks.executor_bench", "--model", model_name,
                                       "--side", side, "--level", level, "--steps", str(args.steps)],
                                      capture_output=True, text=True, check=True, cwd=ROOT, env=env)
                 rows[side] = json.loads(out.stdout.strip().splitlines()[-1])
             for side, row in rows.items():
                 ratio = row["steps_per_sec"] / rows["tf"]["steps_per_sec"]
-                print(f"{model_name:<6} {level:<6} {side:<14} {row['steps_per_sec']:>9.1f} {ratio:>6.2f}x "
+                print(f"{model_name:<6} {level:<6} {side:<24} {row['steps_per_sec']:>9.1f} {ratio:>6.2f}x "
                       f"{row['peak_rss_mb']:>12.0f}")
 
 if __name__ == "__main__":

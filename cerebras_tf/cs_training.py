@@ -27,6 +27,7 @@ from cerebras_tf.compiler import initial
 from cerebras_tf.divergence import DivergenceGuard
 from cerebras_tf.errors import InputWorkerError, RunArgumentError, UnsupportedTensorFlowError
 from cerebras_tf.host_checks import HostChecks
+from cerebras_tf.host_kernels_tf import system_host_kernels
 from cerebras_tf.input_workers import InputStream, batch_size
 from cerebras_tf.amp.tf_loss_scaling import STATE_SCOPE as LOSS_SCALE_SCOPE, STATE_VARIABLES
 from cerebras_tf.settings import CSSettings
@@ -62,7 +63,8 @@ def _train(checkpoints: "CheckpointWriter", estimator: EstimatorBase, settings: 
     """train_on_system's run, saving with `checkpoints` (which the caller closes)."""
     values = checkpoints.starting_values(getattr(estimator, "warm_start_settings", None))
     half = settings.half_dtype
-    executor = Executor(program, values, grad_scaler=checkpoints.starting_grad_scaler(half), half_dtype=half)
+    executor = Executor(program, values, grad_scaler=checkpoints.starting_grad_scaler(half), half_dtype=half,
+                        host_kernels=system_host_kernels())
     host_checks = HostChecks(program, "training")  # the model's assertions and prints, after each step
     guard = DivergenceGuard(executor.grad_scaler)  # NaN loss, or stuck overflowing: stop before saving
     first = executor.global_step
@@ -429,7 +431,8 @@ def evaluate_on_system(estimator: EstimatorBase, settings: CSSettings, model: Ca
     global_step.
     """
     reader = tf.train.load_checkpoint(path)
-    executor = Executor(program, checkpoint_values(model, program, path), half_dtype=settings.half_dtype)
+    executor = Executor(program, checkpoint_values(model, program, path), half_dtype=settings.half_dtype,
+                        host_kernels=system_host_kernels())
     global_step = int(reader.get_tensor("global_step")) if reader.has_tensor("global_step") else 0
     host_checks = HostChecks(program, "evaluation")  # the model's assertions and prints, after each step
     losses: list[float] = []
@@ -471,7 +474,8 @@ def predict_on_system(estimator: EstimatorBase, settings: CSSettings, model: Cap
     unknown = sorted(set(wanted) - set(keys))
     if unknown:
         raise ValueError(f"predict_keys {unknown} are not among the model's predictions {sorted(keys)}.")
-    executor = Executor(program, checkpoint_values(model, program, path), half_dtype=settings.half_dtype)
+    executor = Executor(program, checkpoint_values(model, program, path), half_dtype=settings.half_dtype,
+                        host_kernels=system_host_kernels())
     _log.info("Predicting on the simulated WSE from %s.", path)
     host_checks = HostChecks(program, "prediction")  # the model's assertions and prints, after each step
     with _local_stream(input_fn, estimator.params) as batches:

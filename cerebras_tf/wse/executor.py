@@ -24,7 +24,9 @@ program and refuses it otherwise. Half precision: the compiler's `to_half`
 kernels round their input to the half dtype (float32 storage); matmul/conv
 accumulate in float32; weights and updates stay float32. With the half dtype
 set to "float32" (`cerebras_tf.amp.set_half_dtype("float32")`) nothing is
-rounded and a run matches TensorFlow on CPU step by step.
+rounded and a run matches TensorFlow on CPU step by step. The dense arithmetic
+(matmul, convolutions and their gradients) comes from `host_kernels`, a provider
+the caller may hand in (numpy/OpenBLAS by default; kernels/host_kernels.py).
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ import numpy as np
 
 from cerebras_tf.amp import FLOAT32_MODE, GradScaler, get_half_dtype, round_to_half
 from cerebras_tf import ir
-from cerebras_tf.wse.kernels import KERNELS, KernelContext, KernelInputError, np_dtype
+from cerebras_tf.wse.kernels import KERNELS, NUMPY_HOST_KERNELS, HostKernels, KernelContext, KernelInputError, np_dtype
 from cerebras_tf.wse.threads import map_elementwise
 
 # Kinds whose output may be a view of (or the same array as) an input.
@@ -74,16 +76,19 @@ def _read_shared(inputs: list[np.ndarray], attrs: Mapping, ctx: KernelContext) -
 
 
 class Executor:
-    """Runs `program` on numpy arrays; `variables` maps every program variable name to its value."""
+    """Runs `program` on numpy arrays; `variables` maps every program variable name to its value.
+    `host_kernels` provides the dense arithmetic (numpy/OpenBLAS when None)."""
 
     def __init__(self, program: ir.Program, variables: Mapping[str, np.ndarray],
-                 grad_scaler: GradScaler | None = None, half_dtype: str | None = None) -> None:
+                 grad_scaler: GradScaler | None = None, half_dtype: str | None = None,
+                 host_kernels: HostKernels | None = None) -> None:
         missing = [v.name for v in program.variables if v.name not in variables]
         if missing:
             raise ValueError(f"no value for program variables {missing}")
         self.program = program
         self.grad_scaler = grad_scaler
         self.half_dtype = half_dtype or get_half_dtype()
+        self.host_kernels = host_kernels or NUMPY_HOST_KERNELS
         self._variables = {
             v.name: np.array(variables[v.name], dtype=np_dtype(v.dtype), copy=True, order="C")
             for v in program.variables
@@ -168,7 +173,8 @@ class Executor:
                 fn = getattr(self, f"_{kernel.kind}")
             else:
                 fn = KERNELS[kernel.kind]
-            ctx = KernelContext(variables=[self._variables[name] for name in kernel.vars], salt=kernel.id)
+            ctx = KernelContext(variables=[self._variables[name] for name in kernel.vars], salt=kernel.id,
+                                host_kernels=self.host_kernels)
             frees = list(dict.fromkeys(t for t in kernel.reads
                                        if self._last_use.get(t) == kernel.id and t not in self._keep))
             writes = bool(kernel.vars) and kernel.kind not in ir.READS_VARIABLES

@@ -107,7 +107,10 @@ def _parity_model_fn(features, labels, mode, params):
     return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
-def test_float32_numerics_match_the_cpu_estimator_step_by_step_for_50_adam_steps(tmp_path, float32_numerics):
+@pytest.mark.parametrize("host_kernels", ["numpy", "tensorflow"])
+def test_float32_numerics_match_the_cpu_estimator_step_by_step_for_50_adam_steps(tmp_path, float32_numerics,
+                                                                                 host_kernels, monkeypatch):
+    monkeypatch.setenv("CEREBRAS_TF_HOST_KERNELS", host_kernels)  # the run's provider (host_kernels_tf.py)
     cs_dir, cpu_dir = str(tmp_path / "cs"), str(tmp_path / "cpu")
     cs_estimator(_parity_model_fn, cs_dir, log_step_count_steps=1).train(
         _parity_input_fn, max_steps=PARITY_STEPS, use_cs=True)

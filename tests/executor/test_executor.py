@@ -12,11 +12,14 @@ import tensorflow as tf
 from cerebras_tf import CerebrasEstimator, CSRunConfig
 from cerebras_tf.amp import GradScaler, round_to_half
 from cerebras_tf.compiler import initial
+from cerebras_tf.host_kernels_tf import TENSORFLOW_HOST_KERNELS
 from cerebras_tf.precheck import precheck
 from cerebras_tf.wse.executor import Executor
+from cerebras_tf.wse.kernels import NUMPY_HOST_KERNELS
 from estimator import ModeKeys
 
 BATCH, STEPS = 16, 12
+PROVIDERS = pytest.mark.parametrize("host_kernels", [NUMPY_HOST_KERNELS, TENSORFLOW_HOST_KERNELS], ids=lambda p: p.name)
 
 
 def _input_fn(params):
@@ -39,12 +42,13 @@ def _model_fn(features, labels, mode, params):
     return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
-def _compiled(tmp_path, casts: bool, optimizer: str = "adam"):
-    estimator = CerebrasEstimator(_model_fn, model_dir=str(tmp_path / "model"),
+def _compiled(tmp_path, casts: bool, optimizer: str = "adam", model_fn=_model_fn, input_fn=_input_fn,
+              params=None):
+    estimator = CerebrasEstimator(model_fn, model_dir=str(tmp_path / "model"),
                                   config=CSRunConfig(cs_ip="localhost:9000", tf_random_seed=1),
-                                  params={"optimizer": optimizer})
-    model = precheck(estimator, _input_fn, ModeKeys.TRAIN)
-    result = estimator.compile(_input_fn, validate_only=not casts)
+                                  params=params or {"optimizer": optimizer})
+    model = precheck(estimator, input_fn, ModeKeys.TRAIN)
+    result = estimator.compile(input_fn, validate_only=not casts)
     return model, result.program, initial.initial_values(model, result.program)
 
 
@@ -62,17 +66,39 @@ def _tensorflow_reference(model, steps: int):
     return [(f, l) for f, l, _, _ in runs], [loss for _, _, loss, _ in runs], final
 
 
+@PROVIDERS
 @pytest.mark.parametrize("optimizer", ["adam", "momentum"])
-def test_float32_training_matches_tensorflow_step_by_step(tmp_path, optimizer):
+def test_float32_training_matches_tensorflow_step_by_step(tmp_path, optimizer, host_kernels):
     model, program, start = _compiled(tmp_path, casts=False, optimizer=optimizer)
     batches, tf_losses, tf_final = _tensorflow_reference(model, STEPS)
-    executor = Executor(program, start)
+    executor = Executor(program, start, host_kernels=host_kernels)
     losses = [executor.step(f, l).loss for f, l in batches]
     np.testing.assert_allclose(losses, tf_losses, rtol=1e-5)
     final = executor.variables()
     assert executor.global_step == STEPS
     for name, value in tf_final.items():
         np.testing.assert_allclose(final[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@PROVIDERS
+def test_float32_cnn_training_matches_tensorflow_step_by_step(tmp_path, host_kernels):
+    """The zoo CNN (convolutions and both their gradients, batch norm, pooling, Momentum) on each
+    host-kernel provider: the convolutions' float32 results stay within the parity tolerance of TF's."""
+    from examples.zoo import cnn
+    params = {"batch_size": 8, "image_size": 12, "filters": [4, 8, 8], "num_examples": 64}
+    model, program, start = _compiled(tmp_path, casts=False, model_fn=cnn.model_fn, input_fn=cnn.input_fn,
+                                      params=params)
+    assert {"conv2d", "conv2d_backprop_input", "conv2d_backprop_filter"} <= {k.kind for k in program.kernels}
+    batches, tf_losses, tf_final = _tensorflow_reference(model, STEPS)
+    executor = Executor(program, start, host_kernels=host_kernels)
+    losses = [executor.step(f, l).loss for f, l in batches]
+    np.testing.assert_allclose(losses, tf_losses, rtol=1e-5)
+    final = executor.variables()
+    for name, value in tf_final.items():
+        # float32 rounding relative to each variable's scale: a momentum slot is a sum of gradients, and
+        # its elements that nearly cancel keep the sum's absolute rounding error, not a relative one
+        atol = 1e-6 + 1e-5 * float(np.abs(value).max())
+        np.testing.assert_allclose(final[name], value, rtol=1e-5, atol=atol, err_msg=name)
 
 
 def test_half_precision_rounds_matmul_inputs_and_still_learns(tmp_path):

@@ -12,3 +12,21 @@ import pytest
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
+
+
+HOST_KERNEL_PROVIDERS = ("numpy", "tensorflow")
+
+
+@pytest.fixture(params=HOST_KERNEL_PROVIDERS)
+def host_kernels(request, monkeypatch):
+    """Each host-kernel provider in turn, as the one `kernel_helpers.run` hands the kernels: a test that
+    uses this fixture runs the dense kernels on numpy/OpenBLAS and on TensorFlow's own kernels. The TF
+    provider is imported only here: the kernels themselves need numpy alone."""
+    import kernel_helpers
+
+    if request.param == "numpy":
+        from cerebras_tf.wse.kernels import NUMPY_HOST_KERNELS as provider
+    else:
+        from cerebras_tf.host_kernels_tf import TENSORFLOW_HOST_KERNELS as provider
+    monkeypatch.setattr(kernel_helpers, "HOST_KERNELS", provider)
+    return provider

@@ -10,10 +10,13 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from cerebras_tf.wse.kernels import run_kernel
+from cerebras_tf.wse.kernels import NUMPY_HOST_KERNELS, HostKernels, run_kernel
+
+HOST_KERNELS: HostKernels = NUMPY_HOST_KERNELS  # the provider `run` uses; the `host_kernels` fixture sets it
 
 
 def run(kind: str, inputs: list[Any], attrs: dict[str, Any] | None = None, **kw) -> list[np.ndarray]:
+    kw.setdefault("host_kernels", HOST_KERNELS)
     return run_kernel(kind, [np.asarray(x) for x in inputs], attrs or {}, **kw)
 
 

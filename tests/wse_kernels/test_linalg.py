@@ -1,4 +1,5 @@
-"""matmul / batch_matmul / einsum / conv2d family against tf.raw_ops (float32 accumulation)."""
+"""matmul / batch_matmul / einsum / conv2d family against tf.raw_ops (float32 accumulation), on every
+host-kernel provider (the `host_kernels` fixture: numpy/OpenBLAS and TensorFlow's own kernels)."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,6 +11,8 @@ from kernel_helpers import check, run
 R = tf.raw_ops
 F = np.float32
 TOL = dict(rtol=1e-5, atol=1e-5)
+
+pytestmark = pytest.mark.usefixtures("host_kernels")
 
 
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
@@ -103,7 +106,7 @@ ADJOINT_CASES = [
 def test_conv2d_input_gradient_is_the_adjoint_with_cropping_paddings(case, rng):
     """Per-tap input gradients (only where a tap reads the input) and padding into reused scratch
     memory against the dense im2col/col2im formulation, for crops, strides and dilations."""
-    from cerebras_tf.wse.kernels.linalg import _Geom, col2im, im2col
+    from cerebras_tf.wse.kernels.conv_geometry import Geom as _Geom, col2im, im2col
     xs, fs, strides, dil, explicit = case
     attrs = _attrs(strides, "EXPLICIT", dil, explicit)
     x, f = rng.normal(size=xs).astype(F), rng.normal(size=fs).astype(F)

@@ -7,8 +7,9 @@ kernel's TF op type with static inputs moved to attrs. Variable-writing kinds
 return []. Never imports TensorFlow. The kinds "gradient_seed" and "to_half"
 (inserted by the compiler) are left to the executor, which scales and rounds.
 
-Modules: elementwise, elementwise_grad, linalg (matmul/conv), pool, norm,
-softmax, reduce, data, random, variables (incl. optimizers).
+Modules: elementwise, elementwise_grad, linalg (matmul/conv, whose arithmetic
+comes from the context's host-kernel provider: host_kernels, host_numpy),
+pool, norm, softmax, reduce, data, random, variables (incl. optimizers).
 """
 from __future__ import annotations
 
@@ -31,17 +32,22 @@ from cerebras_tf.wse.kernels import (  # noqa: F401
 )
 from cerebras_tf.wse.kernels import variables as _variables_kinds  # noqa: F401
 from cerebras_tf.wse.kernels._registry import KERNELS, KernelContext, KernelFn, KernelInputError, np_dtype
+from cerebras_tf.wse.kernels.host_kernels import NUMPY_HOST_KERNELS, DenseKernel, HostKernels
 
-__all__ = ["KERNELS", "KernelContext", "KernelFn", "KernelInputError", "np_dtype", "run_kernel"]
+__all__ = ["KERNELS", "DenseKernel", "HostKernels", "KernelContext", "KernelFn", "KernelInputError",
+           "NUMPY_HOST_KERNELS", "np_dtype", "run_kernel"]
 
 
 def run_kernel(kind: str, inputs: list[np.ndarray], attrs: Mapping[str, Any] | None = None,
-               variables: list[np.ndarray] | None = None, step: int = 0, salt: int = 0) -> list[np.ndarray]:
+               variables: list[np.ndarray] | None = None, step: int = 0, salt: int = 0,
+               host_kernels: HostKernels | None = None) -> list[np.ndarray]:
     """Run one kernel. `variables` (resource operands) are written in place by the writing kinds;
-    `step` (global step) and `salt` (kernel id) seed the random kinds."""
+    `step` (global step) and `salt` (kernel id) seed the random kinds; `host_kernels` provides the
+    dense arithmetic (numpy/OpenBLAS when None)."""
     try:
         fn = KERNELS[kind]
     except KeyError:
         raise KeyError(f"no WSE kernel implements kind {kind!r}") from None
-    ctx = KernelContext(variables=list(variables or []), step=step, salt=salt)
+    ctx = KernelContext(variables=list(variables or []), step=step, salt=salt,
+                        host_kernels=host_kernels or NUMPY_HOST_KERNELS)
     return fn([np.asarray(x) for x in inputs], attrs or {}, ctx)

@@ -6,6 +6,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from cerebras_tf.wse.kernels.host_kernels import NUMPY_HOST_KERNELS, HostKernels
+
 
 @dataclasses.dataclass
 class KernelContext:
@@ -20,6 +22,7 @@ class KernelContext:
     variables: list[np.ndarray] = dataclasses.field(default_factory=list)
     step: int = 0
     salt: int = 0  # distinguishes unseeded (seed == seed2 == 0) random kernels: pass the kernel id
+    host_kernels: HostKernels = NUMPY_HOST_KERNELS
 
 
 class KernelInputError(ValueError):

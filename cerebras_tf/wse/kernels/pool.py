@@ -14,31 +14,31 @@ import numpy as np
 
 from cerebras_tf.wse.kernels._registry import KernelContext, register
 from cerebras_tf.wse.kernels._select import keep_where
-from cerebras_tf.wse.kernels.linalg import _Geom
+from cerebras_tf.wse.kernels.conv_geometry import Geom
 
 
-def _geom(attrs: Mapping[str, Any], shape: Sequence[int]) -> _Geom:
+def _geom(attrs: Mapping[str, Any], shape: Sequence[int]) -> Geom:
     fmt = str(attrs.get("data_format", "NHWC"))
     ks = list(attrs["ksize"])
     k = (ks[2], ks[3]) if fmt.startswith("NC") else (ks[1], ks[2])
-    return _Geom({**attrs, "dilations": None}, shape, (int(k[0]), int(k[1])))
+    return Geom({**attrs, "dilations": None}, shape, (int(k[0]), int(k[1])))
 
 
-def _nhwc(x: np.ndarray, g: _Geom) -> np.ndarray:
+def _nhwc(x: np.ndarray, g: Geom) -> np.ndarray:
     return x.transpose(0, 2, 3, 1) if g.nchw else x
 
 
-def _back(x: np.ndarray, g: _Geom) -> np.ndarray:
+def _back(x: np.ndarray, g: Geom) -> np.ndarray:
     return np.ascontiguousarray(x.transpose(0, 3, 1, 2)) if g.nchw else x
 
 
-def _padded(x: np.ndarray, g: _Geom, value: float) -> np.ndarray:
+def _padded(x: np.ndarray, g: Geom, value: float) -> np.ndarray:
     if not (g.pt or g.pb or g.pl or g.pr):
         return x
     return np.pad(x, ((0, 0), (g.pt, g.pb), (g.pl, g.pr), (0, 0)), constant_values=value)
 
 
-def _max(xn: np.ndarray, g: _Geom) -> tuple[np.ndarray, np.ndarray]:
+def _max(xn: np.ndarray, g: Geom) -> tuple[np.ndarray, np.ndarray]:
     """(padded input, window max) of an NHWC input; padding is the dtype's lowest value."""
     low = -np.inf if xn.dtype.kind == "f" else np.iinfo(xn.dtype).min
     xp = _padded(xn, g, low)
@@ -84,7 +84,7 @@ def max_pool_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Kerne
     return [_back(g.unpad(dxp), g)]
 
 
-def _counts(g: _Geom) -> np.ndarray:
+def _counts(g: Geom) -> np.ndarray:
     ones = _padded(np.ones((1, g.h, g.w, 1), np.float32), g, 0)
     cnt = np.zeros((1, g.oh, g.ow, 1), np.float32)
     for _, _, rs, cs in g.taps():

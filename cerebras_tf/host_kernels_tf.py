@@ -1,0 +1,177 @@
+"""TensorFlow's own CPU kernels (oneDNN) as the simulated WSE's host kernels, and the choice of provider.
+
+The executor (wse/, TF-free) takes its dense arithmetic from a `HostKernels`
+provider; this one calls tf.raw_ops eagerly on the numpy operands: MatMul,
+BatchMatMulV2, Conv2D, Conv2DBackpropInput/Filter, DepthwiseConv2dNative and
+its two gradients. It is only the arithmetic: the WSE kernels around it keep the
+numerics contract (float32 operands, already rounded to the half dtype;
+float32 accumulation; the result cast back), so a run differs from the numpy
+provider only by the order in which float32 products are summed.
+
+What TF's CPU kernels refuse goes to the numpy provider, call by call: integer
+operands, dilated gradients (and dilated strided or depthwise forwards),
+negative (cropping) explicit paddings. NCHW is transposed to NHWC around the
+call, as the numpy provider does, so TF builds without NCHW CPU kernels work.
+
+`system_host_kernels()` is the choice for a run on the simulated system:
+TensorFlow's kernels unless CEREBRAS_TF_HOST_KERNELS=numpy. TensorFlow is
+already loaded on that path; its convolutions and their gradients are 1.5-5x
+faster than im2col on OpenBLAS, and its matmul as fast alone and faster within a
+step (benchmarks/kernels_bench.py, executor_bench.py: the MLP and CNN steps run
+1.5-2.5x faster on it); and with float32 numerics it makes the run's dense
+arithmetic TF's own, summation order included. (One known loss: TF's input
+gradient of a single-input-channel convolution is slower than numpy's; a
+first layer's input gradient is rarely computed.)
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from cerebras_tf.wse.kernels import NUMPY_HOST_KERNELS, DenseKernel, HostKernels
+
+ENV_VAR = "CEREBRAS_TF_HOST_KERNELS"
+_R = tf.raw_ops
+_numpy = NUMPY_HOST_KERNELS
+_logged: set[str] = set()
+
+
+def _floats(inputs: Sequence[np.ndarray]) -> bool:
+    return all(x.dtype == np.float32 for x in inputs)
+
+
+def matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
+    """MatMul (TF's oneDNN sgemm); integer operands on numpy."""
+    if not _floats(inputs):
+        return _numpy.matmul(inputs, attrs)
+    a, b = inputs
+    return _R.MatMul(a=a, b=b, transpose_a=bool(attrs.get("transpose_a", False)),
+                     transpose_b=bool(attrs.get("transpose_b", False))).numpy()
+
+
+def batch_matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
+    """BatchMatMulV2, broadcasting batch dimensions; integer operands on numpy."""
+    if not _floats(inputs):
+        return _numpy.batch_matmul(inputs, attrs)
+    a, b = inputs
+    return _R.BatchMatMulV2(x=a, y=b, adj_x=bool(attrs.get("adj_x", False)),
+                            adj_y=bool(attrs.get("adj_y", False))).numpy()
+
+
+class _Conv:
+    """A convolution's attrs in TF's NHWC form (NCHW operands are transposed around the call)."""
+
+    def __init__(self, attrs: Mapping[str, Any]) -> None:
+        self.nchw = str(attrs.get("data_format", "NHWC")).startswith("NC")
+        padding = attrs.get("padding", "VALID")
+        self.padding = padding.decode() if isinstance(padding, bytes) else str(padding)
+        self.strides = self._nhwc(attrs.get("strides"))
+        self.dilations = self._nhwc(attrs.get("dilations"))
+        pairs = [int(v) for v in attrs.get("explicit_paddings") or []]
+        if pairs and self.nchw:
+            pairs = pairs[0:2] + pairs[4:8] + pairs[2:4]
+        self.explicit = pairs if self.padding == "EXPLICIT" else []
+
+    def _nhwc(self, values: Sequence[int] | None) -> list[int]:
+        v = [int(x) for x in values] if values else [1, 1, 1, 1]
+        if len(v) == 2:
+            return [1, v[0], v[1], 1]
+        return [v[0], v[2], v[3], v[1]] if self.nchw else v
+
+    @property
+    def dilated(self) -> bool:
+        return self.dilations != [1, 1, 1, 1]
+
+    def supported(self, backprop: bool = False, depthwise: bool = False) -> bool:
+        """What TF's CPU kernels run: no cropping paddings; dilations only in a plain stride-1 forward."""
+        if any(p < 0 for p in self.explicit):
+            return False
+        if self.dilated and (backprop or depthwise or self.strides != [1, 1, 1, 1]):
+            return False
+        return True
+
+    def kw(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {"strides": self.strides, "padding": self.padding, "dilations": self.dilations}
+        if self.explicit:
+            kw["explicit_paddings"] = self.explicit
+        return kw
+
+    def to_nhwc(self, x: np.ndarray) -> np.ndarray:
+        return x.transpose(0, 2, 3, 1) if self.nchw else x
+
+    def sizes(self, sizes: Sequence[int]) -> list[int]:
+        s = [int(v) for v in sizes]
+        return [s[0], s[2], s[3], s[1]] if self.nchw else s
+
+    def back(self, y: Any) -> np.ndarray:
+        y = y.numpy()
+        return np.ascontiguousarray(y.transpose(0, 3, 1, 2)) if self.nchw else y
+
+
+def _conv_kernel(field: str, op: Any, operands: tuple[str, str], sizes: str | None = None,
+                 backprop: bool = False, depthwise: bool = False) -> DenseKernel:
+    """The provider function `field`: TF's `op` on the two operands (named as `op` names them; the
+    "input"/"out_backprop" ones in NHWC) and the static sizes attr, or the numpy provider's `field` for a
+    call TF refuses. Its result is NHWC but for a filter gradient (HWIO in every data format)."""
+    def kernel(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
+        c = _Conv(attrs)
+        if not c.supported(backprop=backprop, depthwise=depthwise):
+            return getattr(_numpy, field)(inputs, attrs)
+        kw = c.kw()
+        for name, x in zip(operands, inputs):
+            kw[name] = c.to_nhwc(x) if name in ("input", "out_backprop") else x
+        if sizes == "input_sizes":
+            kw[sizes] = c.sizes(attrs[sizes])
+        elif sizes == "filter_sizes":
+            kw[sizes] = [int(v) for v in attrs[sizes]]
+        out = op(**kw)
+        return out.numpy() if sizes == "filter_sizes" else c.back(out)
+    kernel.__name__ = kernel.__qualname__ = field
+    return kernel
+
+
+conv2d = _conv_kernel("conv2d", _R.Conv2D, ("input", "filter"))
+conv2d_backprop_input = _conv_kernel("conv2d_backprop_input", _R.Conv2DBackpropInput, ("filter", "out_backprop"),
+                                     "input_sizes", backprop=True)
+conv2d_backprop_filter = _conv_kernel("conv2d_backprop_filter", _R.Conv2DBackpropFilter, ("input", "out_backprop"),
+                                      "filter_sizes", backprop=True)
+depthwise_conv2d = _conv_kernel("depthwise_conv2d", _R.DepthwiseConv2dNative, ("input", "filter"), depthwise=True)
+depthwise_conv2d_backprop_input = _conv_kernel(
+    "depthwise_conv2d_backprop_input", _R.DepthwiseConv2dNativeBackpropInput, ("filter", "out_backprop"),
+    "input_sizes", backprop=True, depthwise=True)
+depthwise_conv2d_backprop_filter = _conv_kernel(
+    "depthwise_conv2d_backprop_filter", _R.DepthwiseConv2dNativeBackpropFilter, ("input", "out_backprop"),
+    "filter_sizes", backprop=True, depthwise=True)
+
+
+TENSORFLOW_HOST_KERNELS = HostKernels(
+    name="tensorflow",
+    matmul=matmul,
+    batch_matmul=batch_matmul,
+    conv2d=conv2d,
+    conv2d_backprop_input=conv2d_backprop_input,
+    conv2d_backprop_filter=conv2d_backprop_filter,
+    depthwise_conv2d=depthwise_conv2d,
+    depthwise_conv2d_backprop_input=depthwise_conv2d_backprop_input,
+    depthwise_conv2d_backprop_filter=depthwise_conv2d_backprop_filter,
+)
+
+PROVIDERS = {p.name: p for p in (NUMPY_HOST_KERNELS, TENSORFLOW_HOST_KERNELS)}
+
+
+def system_host_kernels() -> HostKernels:
+    """The provider for a run on the simulated system: TensorFlow's kernels, or numpy/OpenBLAS when the
+    environment says CEREBRAS_TF_HOST_KERNELS=numpy. Logged once per process and choice."""
+    value = os.environ.get(ENV_VAR, "").strip().lower() or "tensorflow"
+    if value not in PROVIDERS:
+        raise ValueError(f"{ENV_VAR}={os.environ[ENV_VAR]!r}: expected one of {', '.join(sorted(PROVIDERS))}")
+    if value not in _logged:
+        _logged.add(value)
+        how = (f"TensorFlow's CPU kernels (oneDNN; {ENV_VAR}=numpy selects numpy/OpenBLAS)"
+               if value == "tensorflow" else f"numpy/OpenBLAS ({ENV_VAR}=numpy)")
+        tf.compat.v1.logging.info("The simulated WSE computes its matmuls and convolutions with %s, "
+                                  "in the WSE's numerics (half inputs, float32 accumulation).", how)
+    return PROVIDERS[value]

@@ -1,0 +1,119 @@
+"""The numpy/OpenBLAS host kernels (the default provider, host_kernels.NUMPY_HOST_KERNELS).
+
+Operands arrive as float32 (or integer, for matmul), results are float32: the caller
+(linalg.py) does the dtype contract. Convolutions are NHWC (NCHW is transposed to NHWC
+and back) and use im2col: one strided copy of the patches, then one sgemm; the input
+gradient runs one 2-D matmul per filter tap, added into place (never a loop over pixels).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from cerebras_tf.wse.kernels._scratch import scratch
+from cerebras_tf.wse.kernels.conv_geometry import Geom, col2im, from_nhwc, im2col, to_nhwc
+
+
+def matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
+    """MatMul(a, b) with transpose_a / transpose_b."""
+    a, b = inputs
+    return (a.T if attrs.get("transpose_a") else a) @ (b.T if attrs.get("transpose_b") else b)
+
+
+def batch_matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
+    """BatchMatMulV2(x, y) with adj_x / adj_y, broadcasting the batch dimensions."""
+    a, b = inputs
+    if attrs.get("adj_x"):
+        a = np.swapaxes(a, -1, -2)
+    if attrs.get("adj_y"):
+        b = np.swapaxes(b, -1, -2)
+    return np.matmul(a, b)
+
+
+def conv2d(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
+    """Conv2D(input, filter[kh, kw, cin, cout])."""
+    x, f = inputs
+    g = Geom(attrs, x.shape, f.shape[:2])
+    x = to_nhwc(x, g)
+    cout = f.shape[3]
+    if g.is_pointwise():
+        y = x.reshape(-1, g.c) @ f.reshape(g.c, cout)
+    else:
+        y = im2col(x, g, reuse=True).reshape(-1, g.kh * g.kw * g.c) @ f.reshape(-1, cout)
+    return from_nhwc(y.reshape(g.n, g.oh, g.ow, cout), g)
+
+
+def conv2d_backprop_input(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
+    """Conv2DBackpropInput(filter, out_backprop) with attr input_sizes."""
+    f, dy = inputs
+    g = Geom(attrs, list(attrs["input_sizes"]), f.shape[:2])
+    dy = to_nhwc(dy, g)
+    cout = f.shape[3]
+    if g.is_pointwise():
+        dx = (dy.reshape(-1, cout) @ f.reshape(g.c, cout).T).reshape(g.n, g.h, g.w, g.c)
+    else:
+        dx = _scatter_taps(dy.reshape(-1, cout), f, g)
+    return from_nhwc(dx, g)
+
+
+def _scatter_taps(dy2: np.ndarray, f: np.ndarray, g: Geom) -> np.ndarray:
+    """Input gradient as one 2-D BLAS matmul per filter tap (dy2 @ f[tap].T), each added where that tap
+    reads the input (numpy's batched matmul over a broadcast operand does not reach BLAS)."""
+    dx = np.zeros((g.n, g.h, g.w, g.c), np.float32)
+    part = scratch("conv_tap", (dy2.shape[0], g.c))
+    for i in range(g.kh):
+        for j in range(g.kw):
+            out_rows, in_rows, out_cols, in_cols = g.tap_ranges(i, j)
+            np.matmul(dy2, f[i, j].T, out=part)
+            dx[:, in_rows, in_cols] += part.reshape(g.n, g.oh, g.ow, g.c)[:, out_rows, out_cols]
+    return dx
+
+
+def conv2d_backprop_filter(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
+    """Conv2DBackpropFilter(input, out_backprop) with attr filter_sizes."""
+    x, dy = inputs
+    fs = [int(v) for v in attrs["filter_sizes"]]
+    g = Geom(attrs, x.shape, (fs[0], fs[1]))
+    x, dy = to_nhwc(x, g), to_nhwc(dy, g)
+    cout = fs[3]
+    if g.is_pointwise():
+        df = x.reshape(-1, g.c).T @ dy.reshape(-1, cout)
+    else:
+        df = im2col(x, g, reuse=True).reshape(-1, g.kh * g.kw * g.c).T @ dy.reshape(-1, cout)
+    return df.reshape(fs)
+
+
+def depthwise_conv2d(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
+    """DepthwiseConv2dNative(input, filter[kh, kw, cin, multiplier]) -> cin*multiplier channels."""
+    x, f = inputs
+    g = Geom(attrs, x.shape, f.shape[:2])
+    cols = im2col(to_nhwc(x, g), g).reshape(g.n * g.oh * g.ow, g.kh * g.kw, g.c)
+    fk = f.reshape(g.kh * g.kw, g.c, -1)
+    # per channel c: [P, K] @ [K, M]
+    y = np.matmul(cols.transpose(2, 0, 1), fk.transpose(1, 0, 2))  # [C, P, M]
+    y = y.transpose(1, 0, 2).reshape(g.n, g.oh, g.ow, -1)
+    return from_nhwc(np.ascontiguousarray(y), g)
+
+
+def depthwise_conv2d_backprop_input(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
+    """DepthwiseConv2dNativeBackpropInput(filter, out_backprop) with attr input_sizes."""
+    f, dy = inputs
+    g = Geom(attrs, list(attrs["input_sizes"]), f.shape[:2])
+    m = f.shape[3]
+    dy = to_nhwc(dy, g).reshape(-1, g.c, m)  # [P, C, M]
+    fk = f.reshape(g.kh * g.kw, g.c, m)
+    dcols = np.matmul(dy.transpose(1, 0, 2), fk.transpose(1, 2, 0))  # [C, P, K]
+    dcols = dcols.transpose(1, 2, 0).reshape(g.n, g.oh, g.ow, g.kh, g.kw, g.c)
+    return from_nhwc(col2im(dcols, g), g)
+
+
+def depthwise_conv2d_backprop_filter(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
+    """DepthwiseConv2dNativeBackpropFilter(input, out_backprop) with attr filter_sizes."""
+    x, dy = inputs
+    fs = [int(v) for v in attrs["filter_sizes"]]
+    g = Geom(attrs, x.shape, (fs[0], fs[1]))
+    cols = im2col(to_nhwc(x, g), g).reshape(-1, g.kh * g.kw, g.c)  # [P, K, C]
+    dy = to_nhwc(dy, g).reshape(-1, g.c, fs[3])  # [P, C, M]
+    df = np.matmul(cols.transpose(2, 1, 0), dy.transpose(1, 0, 2))  # [C, K, M]
+    return np.ascontiguousarray(df.transpose(1, 0, 2)).reshape(fs)

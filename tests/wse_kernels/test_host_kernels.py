@@ -1,0 +1,118 @@
+"""The host-kernel providers against each other: numpy/OpenBLAS and TensorFlow's own kernels.
+
+Where the arithmetic is the same the results are bit-identical: on integer-valued float32
+operands every product and partial sum is exact, so any summation order gives the same bits,
+and a mismatch can only be a wrong tap, padding, stride or layout. On general float32 operands
+the two sum the products in different orders (OpenBLAS vs oneDNN blocking; im2col vs TF's
+direct convolutions), so results differ by a few float32 ulps of the sum: test_linalg.py holds
+both to TF's results within the float32 parity tolerance. Calls TF's CPU kernels refuse
+(integer operands, dilated gradients, cropping paddings) run the numpy code on both: identical.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from cerebras_tf import host_kernels_tf
+from cerebras_tf.host_kernels_tf import TENSORFLOW_HOST_KERNELS as TF_KERNELS
+from cerebras_tf.wse.kernels import NUMPY_HOST_KERNELS as NP_KERNELS
+from cerebras_tf.wse.kernels import HostKernels
+
+from test_linalg import CONV_CASES, DW_CASES, _attrs
+
+
+def _ints(rng: np.random.Generator, shape) -> np.ndarray:
+    return rng.integers(-4, 5, size=shape).astype(np.float32)
+
+
+def _dense_cases(rng: np.random.Generator):
+    """(name, provider field, operands, attrs) for every dense kernel, on exact (integer-valued) operands."""
+    for ta in (False, True):
+        for tb in (False, True):
+            a, b = _ints(rng, (40, 64) if ta else (64, 40)), _ints(rng, (24, 40) if tb else (40, 24))
+            yield f"matmul-{ta}-{tb}", "matmul", [a, b], {"transpose_a": ta, "transpose_b": tb}
+    yield "matmul-256x784x500", "matmul", [_ints(rng, (256, 784)), _ints(rng, (784, 500))], {}
+    for adj in ((False, False), (True, False), (False, True)):
+        a = _ints(rng, (3, 1, 6, 5) if adj[0] else (3, 1, 5, 6))
+        b = _ints(rng, (4, 7, 6) if adj[1] else (4, 6, 7))
+        yield f"batch_matmul-{adj}", "batch_matmul", [a, b], {"adj_x": adj[0], "adj_y": adj[1]}
+    for i, (xs, fs, strides, padding, dil, explicit) in enumerate(CONV_CASES):
+        attrs = _attrs(strides, padding, dil, explicit)
+        x, f = _ints(rng, xs), _ints(rng, fs)
+        dy = _ints(rng, NP_KERNELS.conv2d([x, f], attrs).shape)
+        yield f"conv{i}", "conv2d", [x, f], attrs
+        yield f"conv{i}", "conv2d_backprop_input", [f, dy], {**attrs, "input_sizes": list(xs)}
+        yield f"conv{i}", "conv2d_backprop_filter", [x, dy], {**attrs, "filter_sizes": list(fs)}
+    for i, (xs, fs, strides, padding) in enumerate(DW_CASES):
+        attrs = {"strides": [1, *strides, 1], "padding": padding}
+        x, f = _ints(rng, xs), _ints(rng, fs)
+        dy = _ints(rng, NP_KERNELS.depthwise_conv2d([x, f], attrs).shape)
+        yield f"dw{i}", "depthwise_conv2d", [x, f], attrs
+        yield f"dw{i}", "depthwise_conv2d_backprop_input", [f, dy], {**attrs, "input_sizes": list(xs)}
+        yield f"dw{i}", "depthwise_conv2d_backprop_filter", [x, dy], {**attrs, "filter_sizes": list(fs)}
+
+
+CASES = list(_dense_cases(np.random.default_rng(7)))
+
+
+@pytest.mark.parametrize("name,field,inputs,attrs", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_providers_are_bit_identical_where_the_arithmetic_is_exact(name, field, inputs, attrs):
+    ours = getattr(NP_KERNELS, field)(inputs, attrs)
+    theirs = getattr(TF_KERNELS, field)(inputs, attrs)
+    assert ours.dtype == theirs.dtype == np.float32
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def _refusing() -> HostKernels:
+    def refuse(inputs, attrs):
+        raise AssertionError("fell back to numpy")
+    return HostKernels("refusing", *[refuse] * (len(dataclasses.fields(HostKernels)) - 1))
+
+
+@pytest.mark.parametrize("name,field,inputs,attrs", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_the_tensorflow_provider_runs_tensorflow_unless_tf_refuses_the_call(name, field, inputs, attrs,
+                                                                            monkeypatch):
+    monkeypatch.setattr(host_kernels_tf, "_numpy", _refusing())
+    dilated = attrs.get("dilations", [1, 1, 1, 1]) != [1, 1, 1, 1]
+    if dilated and "backprop" in field:  # TF's CPU conv gradients refuse dilations
+        with pytest.raises(AssertionError, match="fell back"):
+            getattr(TF_KERNELS, field)(inputs, attrs)
+    else:
+        getattr(TF_KERNELS, field)(inputs, attrs)
+
+
+def test_integer_matmul_stays_on_numpy_and_is_exact(rng):
+    a = rng.integers(-1000, 1000, size=(6, 9)).astype(np.int32)
+    b = rng.integers(-1000, 1000, size=(9, 4)).astype(np.int32)
+    np.testing.assert_array_equal(TF_KERNELS.matmul([a, b], {}), a @ b)
+
+
+def test_nchw_convolutions_match_nhwc_on_tensorflow(rng):
+    x, f = _ints(rng, (2, 7, 7, 3)), _ints(rng, (3, 3, 3, 4))
+    nhwc = {"strides": [1, 2, 2, 1], "padding": "EXPLICIT", "explicit_paddings": [0, 0, 1, 0, 2, 1, 0, 0]}
+    nchw = {"strides": [1, 1, 2, 2], "padding": "EXPLICIT", "explicit_paddings": [0, 0, 0, 0, 1, 0, 2, 1],
+            "data_format": "NCHW"}
+    y = TF_KERNELS.conv2d([x, f], nhwc)
+    np.testing.assert_array_equal(TF_KERNELS.conv2d([x.transpose(0, 3, 1, 2), f], nchw).transpose(0, 2, 3, 1), y)
+    dy = _ints(rng, y.shape)
+    dx = TF_KERNELS.conv2d_backprop_input([f, dy.transpose(0, 3, 1, 2)], {**nchw, "input_sizes": [2, 3, 7, 7]})
+    np.testing.assert_array_equal(dx.transpose(0, 2, 3, 1), NP_KERNELS.conv2d_backprop_input(
+        [f, dy], {**nhwc, "input_sizes": [2, 7, 7, 3]}))
+    df = TF_KERNELS.conv2d_backprop_filter([x.transpose(0, 3, 1, 2), dy.transpose(0, 3, 1, 2)],
+                                           {**nchw, "filter_sizes": [3, 3, 3, 4]})
+    np.testing.assert_array_equal(df, NP_KERNELS.conv2d_backprop_filter([x, dy],
+                                                                        {**nhwc, "filter_sizes": [3, 3, 3, 4]}))
+
+
+def test_the_system_provider_is_tensorflow_unless_the_environment_says_numpy(monkeypatch):
+    monkeypatch.delenv(host_kernels_tf.ENV_VAR, raising=False)
+    assert host_kernels_tf.system_host_kernels() is TF_KERNELS
+    monkeypatch.setenv(host_kernels_tf.ENV_VAR, "numpy")
+    assert host_kernels_tf.system_host_kernels() is NP_KERNELS
+    monkeypatch.setenv(host_kernels_tf.ENV_VAR, "TensorFlow")
+    assert host_kernels_tf.system_host_kernels() is TF_KERNELS
+    monkeypatch.setenv(host_kernels_tf.ENV_VAR, "mkl")
+    with pytest.raises(ValueError, match="CEREBRAS_TF_HOST_KERNELS='mkl': expected one of numpy, tensorflow"):
+        host_kernels_tf.system_host_kernels()
