@@ -273,8 +273,7 @@ class CerebrasEstimator(EstimatorBase):
             fabric=settings.fabric,
         )
         if not result.reused:  # a reused artifact's report was logged when it was built (and is in compile_dir)
-            saved = f"saved in {result.artifact_dir}" if result.artifact_dir else "not saved"
-            _log.info("%s report (%s):\n%s", "Validation" if validate_only else "Compile", saved, result.report)
+            _log.info("%s", result.summary())
         if result.placement is not None and not result.reused:
             write_image_summary(os.path.join(self.model_dir, PLACEMENT_SUMMARY_DIR),
                                 f"placement/{model.input.mode}", result.placement.to_png())

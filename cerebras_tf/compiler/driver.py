@@ -58,6 +58,22 @@ class CompileResult:
         """The kernel count and what it counts, e.g. "84 kernels (75 + 9 precision casts)"."""
         return report.kernel_summary(self.program)
 
+    def summary(self) -> str:
+        """A few lines for the log: what was compiled, the placement's estimate and its note, where the full
+        report is (the report itself, ~50 lines, is `report` and report.txt in the artifact)."""
+        done = "Validated" if self.validate_only else "Compiled"
+        lines = [f"{done} {self.kernel_summary}" + (f" to {self.artifact_dir}" if self.artifact_dir else "")
+                 + f" ({self.note})."]
+        if self.placement is not None:
+            place = self.placement
+            lines.append(f"Estimated {place.estimated_samples_per_sec:,.0f} samples/s on {place.fabric.name} "
+                         f"(limited by {place.limiting_bound}).")
+            lines += [f"Note: {note}" for note in place.notes]
+        where = os.path.join(self.artifact_dir, artifact.REPORT_FILE) if self.artifact_dir else "CompileResult.report"
+        lines.append(f"Full report (kernels by kind, inputs, layers{', placement' if self.placement else ''}): "
+                     f"{where}")
+        return "\n".join(lines)
+
 
 def program_hash(model: CapturedModel, validate_only: bool = False) -> str:
     """The identity of the program `model` compiles to (graph, mode, casts, compiler version)."""
@@ -107,7 +123,6 @@ def compile_model(model: CapturedModel, *, validate_only: bool = False, compile_
             PLACEMENT_PICTURE_FILE: placement.to_png(),
         }
         artifact.write_artifact(directory, program, text, graph_hash, system, extra)
-        _log.info("Compiled %s to %s (%s).", report.kernel_summary(program), directory, note)
     return CompileResult(program, text, graph_hash, validate_only, False, directory, note,
                          time.perf_counter() - start, placement)
 

@@ -93,7 +93,7 @@ def run(
     if validate_only or compile_only:
         print(f"{'Validating' if validate_only else 'Compiling'} the model for the CS system "
               f"({'at ' + cs_ip if cs_ip else 'no cs_ip needed'}).")
-        result = estimator.compile(train_input_fn, validate_only=validate_only)  # logs the report when it builds
+        result = estimator.compile(train_input_fn, validate_only=validate_only)  # logs a summary of the report
         if validate_only:
             print(f"The model passed every CS-system check ({result.kernel_summary}).")
             return None
