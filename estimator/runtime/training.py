@@ -137,6 +137,7 @@ def train_and_evaluate(estimator: Estimator, train_spec: TrainSpec,
     and in a cluster.
     """
     _assert_eval_spec(eval_spec)  # fail fast
+    executor = _TrainingExecutor(estimator, train_spec, eval_spec)  # checks the estimator and train_spec
     config = estimator.config
     if config.train_distribute is not None or config.eval_distribute is not None:
         raise NotImplementedError("train_and_evaluate with RunConfig(train_distribute=/eval_distribute=...) is not "
@@ -144,7 +145,7 @@ def train_and_evaluate(estimator: Estimator, train_spec: TrainSpec,
     if config.task_type == TaskType.EVALUATOR and config.task_id > 0:
         raise ValueError("For distributed training, there can only be one `evaluator` task (with task id 0).  "
                          f"Given task id {config.task_id}")
-    return _TrainingExecutor(estimator, train_spec, eval_spec).run()
+    return executor.run()
 
 
 class _EvalResult(collections.namedtuple("EvalResult", ["metrics", "checkpoint_path"])):

@@ -171,6 +171,8 @@ _BAD_SPECS = [
      ValueError, "`exporters` must have unique names. Such a name cannot be `None`. All exporter names: ['a', 'a']"),
     (lambda api: api.train_and_evaluate(None, api.TrainSpec(models.input_fn()), None), TypeError,
      "`eval_spec` must have type `tf.estimator.EvalSpec`. Got: <class 'NoneType'>"),
+    (lambda api: api.train_and_evaluate(None, api.TrainSpec(models.input_fn()), api.EvalSpec(models.input_fn())),
+     TypeError, "`estimator` must have type `tf.estimator.Estimator`. Got: <class 'NoneType'>"),
     (lambda api: api.LatestExporter("a", _receiver_fn(api), exports_to_keep=0), ValueError,
      "`exports_to_keep`, if provided, must be positive number"),
 ]
@@ -199,3 +201,16 @@ def test_same_evaluations_and_exports_as_tf_estimator(tmp_path, throttle_secs):
     assert ours[0].keys() == theirs[0].keys()
     for key in theirs[0]:
         np.testing.assert_allclose(ours[0][key], theirs[0][key], rtol=1e-6)
+
+
+def test_best_exporter_exports_when_the_loss_improves(tmp_path):
+    counts = {}
+    for name, api in [("runtime", runtime)] + ([("tf.estimator", tfe)] if tfe is not None else []):
+        model_dir = str(tmp_path / name)
+        best = api.BestExporter(name="best", serving_input_receiver_fn=_receiver_fn(api), exports_to_keep=None)
+        (metrics, exports), count, _ = _run(api, model_dir, max_steps=12, exporters=[best])
+        losses = [loss for _, loss in sorted(models.event_tags(os.path.join(model_dir, "eval"))["loss"])]
+        improved = sum(1 for i, loss in enumerate(losses) if i == 0 or loss < min(losses[:i]))
+        assert len(_exports(model_dir, "best")) == improved and count == len(losses) == 3
+        counts[name] = (improved, exports[0] is None)
+    assert len(set(counts.values())) == 1, counts
