@@ -9,9 +9,12 @@ with save_checkpoints_steps=S and max_steps=N, one per S steps (throttle
 permitting) plus the final step. Returns (the last evaluation's metrics,
 the exporters' results of that evaluation).
 
-In a cluster, the chief and the workers train (the chief's checkpoints are
-what an evaluator would read); this runtime has no evaluator, parameter
-server or master task yet and says so. estimator.api.called_from_train_and_evaluate
+In a TF_CONFIG cluster each task does its part, as in tf.estimator: the
+chief and workers train (a `master` task also evaluates, as a local run
+does), and the `evaluator` task evaluates each new checkpoint the chief writes
+(at most once per throttle_secs, after start_delay_secs) until one at
+max_steps, running the exporters; these return None. Parameter servers (`ps`
+tasks) are not supported yet. estimator.api.called_from_train_and_evaluate
 recognises this module's frames by their names (train_and_evaluate, run_local,
 run_chief, run_worker, run_evaluator, _start_distributed_training): keep them.
 """
@@ -129,12 +132,12 @@ def _assert_eval_spec(eval_spec: Any) -> None:
 
 
 def train_and_evaluate(estimator: Estimator, train_spec: TrainSpec,
-                       eval_spec: EvalSpec) -> tuple[dict[str, Any] | None, list[Any] | None]:
+                       eval_spec: EvalSpec) -> tuple[dict[str, Any] | None, list[Any] | None] | None:
     """Train `estimator` per train_spec, evaluating and exporting per eval_spec (see the module docstring).
 
     Returns (eval metrics, export results) of the last evaluation locally;
-    (None, None) when training had nothing to do (max_steps already reached)
-    and in a cluster.
+    (None, None) when training had nothing to do (max_steps already reached);
+    None in a cluster (tf.estimator leaves it undefined there).
     """
     _assert_eval_spec(eval_spec)  # fail fast
     executor = _TrainingExecutor(estimator, train_spec, eval_spec)  # checks the estimator and train_spec
@@ -160,15 +163,17 @@ class _Evaluator:
         self._eval_spec = eval_spec
         self._max_training_steps = max_training_steps
         self._previous_checkpoint: str | None = None
+        self._last_warning_time = 0.0
 
     def evaluate_and_export(self) -> tuple[_EvalResult | None, list[Any]]:
+        """(the result, the exporters' results); (None, []) when there is no new checkpoint to evaluate."""
         checkpoint = self._estimator.latest_checkpoint()
         if not checkpoint:
-            _log.warning("Estimator is not trained yet. Will start an evaluation when a checkpoint is ready.")
+            self._warn("Estimator is not trained yet. Will start an evaluation when a checkpoint is ready.")
             return None, []
         if checkpoint == self._previous_checkpoint:
-            _log.warning("No new checkpoint ready for evaluation. Skip the current evaluation pass as evaluation "
-                         "results are expected to be same for the same checkpoint.")
+            self._warn("No new checkpoint ready for evaluation. Skip the current evaluation pass as evaluation "
+                       "results are expected to be same for the same checkpoint.")
             return None, []
         metrics = self._estimator.evaluate(input_fn=self._eval_spec.input_fn, steps=self._eval_spec.steps,
                                            name=self._eval_spec.name, checkpoint_path=checkpoint,
@@ -180,8 +185,15 @@ class _Evaluator:
         final = bool(self._max_training_steps) and metrics[tf.compat.v1.GraphKeys.GLOBAL_STEP] >= (
             self._max_training_steps or 0)
         exports = self._export(result, final)
+        self._last_warning_time = 0.0
         self._previous_checkpoint = checkpoint
         return result, exports
+
+    def _warn(self, message: str) -> None:
+        """Log `message` at most once every 10 minutes (a waiting evaluator would repeat it every pass)."""
+        if time.time() - self._last_warning_time > 600:
+            _log.warning(message)
+            self._last_warning_time = time.time()
 
     def _export(self, result: _EvalResult, is_the_final_export: bool) -> list[Any]:
         base = os.path.join(tf.compat.as_str_any(self._estimator.model_dir), "export")
@@ -244,7 +256,7 @@ class _TrainingExecutor:
         self._train_spec = train_spec
         self._eval_spec = eval_spec
 
-    def run(self) -> tuple[dict[str, Any] | None, list[Any] | None]:
+    def run(self) -> tuple[dict[str, Any] | None, list[Any] | None] | None:
         config = self._estimator.config
         if not config.cluster_spec and config.task_type != TaskType.EVALUATOR:
             _log.info("Running training and evaluation locally (non-distributed).")
@@ -255,19 +267,18 @@ class _TrainingExecutor:
         if config.task_type == "local":
             raise ValueError("`task.type` in TF_CONFIG cannot be `local`. Leaving `cluster` and `task` properties "
                              "in TF_CONFIG absent triggers train and evaluate `Estimator` locally (non-distributed).")
-        if config.task_type == TaskType.CHIEF:
-            self.run_chief()
-        elif config.task_type == TaskType.WORKER:
-            self.run_worker()
-        elif config.task_type in (TaskType.EVALUATOR, TaskType.PS, TaskType.MASTER):
+        runs = {TaskType.CHIEF: self.run_chief, TaskType.WORKER: self.run_worker, TaskType.MASTER: self.run_master,
+                TaskType.EVALUATOR: self.run_evaluator}
+        if config.task_type == TaskType.PS:
             raise NotImplementedError(
-                f"train_and_evaluate as a `{config.task_type}` task is not supported by cerebras-tf's Estimator "
-                "runtime yet: it runs locally (no cluster in TF_CONFIG) and as `chief` or `worker` tasks, without "
-                "parameter servers. Use tf.estimator (TensorFlow <= 2.15) for evaluator, ps and master tasks.")
-        else:
+                "train_and_evaluate as a `ps` task is not supported by cerebras-tf's Estimator runtime yet: it runs "
+                "locally (no cluster in TF_CONFIG) and as `chief`, `worker`, `master` and `evaluator` tasks, without "
+                "parameter servers. Use tf.estimator (TensorFlow <= 2.15) for clusters with `ps` tasks.")
+        if config.task_type not in runs:
             raise ValueError(f"Task type {config.task_type} is not supported. Supported task types are "
-                             f"{[TaskType.CHIEF, TaskType.EVALUATOR, TaskType.MASTER, TaskType.PS, TaskType.WORKER]}")
-        return None, None
+                             f"{sorted([*runs, TaskType.PS])}")
+        runs[config.task_type]()
+        return None
 
     def run_local(self) -> tuple[dict[str, Any] | None, list[Any] | None]:
         """Train to max_steps, evaluating and exporting after checkpoints (see the module docstring)."""
@@ -286,6 +297,38 @@ class _TrainingExecutor:
 
     def run_chief(self) -> None:
         self._start_distributed_training(saving_listeners=list(self._train_spec.saving_listeners))
+
+    def run_master(self) -> None:
+        """The chief of a `master` cluster: trains and evaluates its own checkpoints, as a local run does."""
+        _assert_eval_spec(self._eval_spec)
+        evaluator = _Evaluator(self._estimator, self._eval_spec, self._train_spec.max_steps)
+        listener = _EvaluateAfterSaving(evaluator, self._eval_spec.throttle_secs)
+        self._start_distributed_training(saving_listeners=[*self._train_spec.saving_listeners, listener])
+
+    def run_evaluator(self) -> None:
+        """Evaluate each new checkpoint the chief writes, until one at max_steps (forever when it is None)."""
+        _assert_eval_spec(self._eval_spec)
+        if self._eval_spec.start_delay_secs:
+            _log.info("Waiting %f secs before starting eval.", self._eval_spec.start_delay_secs)
+            time.sleep(self._eval_spec.start_delay_secs)
+        evaluator = _Evaluator(self._estimator, self._eval_spec, self._train_spec.max_steps)
+        throttle_secs = self._eval_spec.throttle_secs
+        max_steps = self._train_spec.max_steps
+        while True:
+            started = time.time()
+            result, _ = evaluator.evaluate_and_export()
+            if result is not None:
+                step = result.metrics.get(tf.compat.v1.GraphKeys.GLOBAL_STEP)
+                if step and max_steps and step >= max_steps:
+                    _log.info("Exiting evaluation, global_step=%s >= train max_steps=%s", step, max_steps)
+                    return
+            wait = throttle_secs - (time.time() - started)
+            if wait > 0:
+                _log.info("Waiting %f secs before starting next eval run.", wait)
+                time.sleep(wait)
+            elif throttle_secs == 0 and result is None:
+                _log.warning("EvalSpec.throttle_secs is set as 0. This might overload the job before finding (next) "
+                             "new checkpoint. Please consider to increase it.")
 
     def run_worker(self) -> None:
         self._start_distributed_training()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -136,17 +138,54 @@ def test_a_single_chief_trains_without_evaluating(tmp_path, monkeypatch):
     estimator = Estimator(models.dense_model_fn(runtime), model_dir=str(tmp_path), params={})
     result = runtime.train_and_evaluate(estimator, runtime.TrainSpec(models.input_fn(), max_steps=3),
                                         runtime.EvalSpec(models.input_fn(repeat=False), hooks=[counter]))
-    assert result == (None, None) and counter.count == 0
+    assert result is None and counter.count == 0  # None in a cluster, as tf.estimator returns
     assert estimator.get_variable_value("global_step") == 3
 
 
-@pytest.mark.parametrize("task", ["evaluator", "ps"])
-def test_unsupported_tasks_say_what_is_supported(tmp_path, monkeypatch, task):
+def test_a_single_master_trains_and_evaluates_as_a_local_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"master": ["localhost:2222"]},
+                                                "task": {"type": "master", "index": 0}}))
+    model_dir = str(tmp_path / "model")
+    result, count, eval_steps = _run(runtime, model_dir, exporters=None)
+    assert result is None and (count, eval_steps) == (3, [4, 8, 10])
+
+
+def test_the_evaluator_evaluates_new_checkpoints_until_max_steps(tmp_path, monkeypatch):
+    model_dir = str(tmp_path / "model")
+    _run(runtime, model_dir, max_steps=4, exporters=None)  # a checkpoint at step 4, evaluated once here
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"chief": ["localhost:2222"]},
+                                                "task": {"type": "evaluator", "index": 0}}))
+    estimator = Estimator(models.dense_model_fn(runtime, metrics=True), model_dir=model_dir, params={"lr": 0.05})
+    counter = _CountEvaluations()
+    thread_errors: list[BaseException] = []
+
+    def evaluate() -> None:
+        try:
+            runtime.train_and_evaluate(estimator, runtime.TrainSpec(models.input_fn(), max_steps=8), runtime.EvalSpec(
+                models.input_fn(repeat=False), steps=2, hooks=[counter], start_delay_secs=0, throttle_secs=1,
+                exporters=runtime.FinalExporter("final", _receiver_fn(runtime))))
+        except BaseException as e:  # reported below, in the test's thread
+            thread_errors.append(e)
+
+    evaluator = threading.Thread(target=evaluate)
+    evaluator.start()
+    while counter.count == 0 and evaluator.is_alive():  # it evaluates step 4 first
+        time.sleep(0.1)
+    monkeypatch.delenv("TF_CONFIG")
+    Estimator(models.dense_model_fn(runtime, metrics=True), model_dir=model_dir, params={"lr": 0.05},
+              config=RunConfig(save_checkpoints_steps=100)).train(models.input_fn(), max_steps=8)
+    evaluator.join(timeout=120)
+    assert not evaluator.is_alive() and not thread_errors, thread_errors
+    assert counter.count == 2  # step 4, then step 8 (max_steps): it stops
+    assert len(_exports(model_dir, "final")) == 1
+
+
+def test_parameter_servers_say_what_is_supported(tmp_path, monkeypatch):
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"chief": ["localhost:2222"], "ps": ["localhost:2223"]},
-                                                "task": {"type": task, "index": 0}}))
+                                                "task": {"type": "ps", "index": 0}}))
     estimator = Estimator(models.dense_model_fn(runtime), model_dir=str(tmp_path), params={})
-    with pytest.raises(NotImplementedError, match=f"as a `{task}` task is not supported .* locally .* `chief` or "
-                                                  "`worker` tasks"):
+    with pytest.raises(NotImplementedError, match="as a `ps` task is not supported .* locally .* `chief`, `worker`, "
+                                                  "`master` and `evaluator` tasks"):
         runtime.train_and_evaluate(estimator, runtime.TrainSpec(models.input_fn(), max_steps=3),
                                    runtime.EvalSpec(models.input_fn(repeat=False)))
 
