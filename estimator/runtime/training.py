@@ -61,11 +61,16 @@ def _checked_listeners(listeners: Iterable[Any] | None) -> tuple[Any, ...]:
     return listeners
 
 
+def _is_exporter(value: Any) -> bool:
+    """Ours, or any object with an Exporter's `name` and `export` (tf.estimator's exporters on TF 2.15 too)."""
+    return isinstance(value, Exporter) or (hasattr(type(value), "name") and callable(getattr(value, "export", None)))
+
+
 def _checked_exporters(exporters: Any) -> tuple[Exporter, ...]:
     """`exporters` (None, one, or an iterable of them) as a tuple; each has a unique non-empty string name."""
     if not exporters:
         return ()
-    if isinstance(exporters, Exporter):
+    if _is_exporter(exporters):
         exporters = [exporters]
     not_exporters = TypeError(f"`exporters` must be an Exporter, an iterable of Exporter, or `None`, found "
                               f"{exporters}.")
@@ -75,7 +80,7 @@ def _checked_exporters(exporters: Any) -> tuple[Exporter, ...]:
         raise not_exporters from None
     names: list[str] = []
     for exporter in exporters:
-        if not isinstance(exporter, Exporter):
+        if not _is_exporter(exporter):
             raise not_exporters
         if not exporter.name:
             raise ValueError("An Exporter cannot have a name that is `None` or empty. All exporter names: "

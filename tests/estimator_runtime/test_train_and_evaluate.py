@@ -253,3 +253,11 @@ def test_best_exporter_exports_when_the_loss_improves(tmp_path):
         assert len(_exports(model_dir, "best")) == improved and count == len(losses) == 3
         counts[name] = (improved, exports[0] is None)
     assert len(set(counts.values())) == 1, counts
+
+
+@needs_tf_estimator
+def test_tf_estimators_exporters_run_on_the_runtime(tmp_path):
+    """A TF 2.15 script's tf.estimator exporters and receivers, given to the runtime unchanged."""
+    model_dir = str(tmp_path / "model")
+    (_, exports), _, _ = _run(runtime, model_dir, exporters=[tfe.LatestExporter("latest", _receiver_fn(tfe))])
+    assert len(exports) == 1 and len(_exports(model_dir, "latest")) == 3
