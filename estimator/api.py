@@ -49,17 +49,6 @@ if _choice == "tf.estimator" and _tf_estimator is None:
 BACKEND = "runtime" if _tf_estimator is None else "tf.estimator"
 
 
-def _not_in_runtime_yet(name: str) -> Callable[..., Any]:
-    """A stand-in for an API the runtime does not have yet: fails when used, not when imported."""
-
-    def missing(*args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(f"estimator.{name} is not available in cerebras-tf's Estimator runtime yet "
-                                  f"(TensorFlow {tf.__version__}, {ENV_VAR}={_choice}).")
-
-    missing.__name__ = missing.__qualname__ = name
-    return missing
-
-
 if _tf_estimator is not None:
     from tensorflow_estimator.python.estimator import util as _tf_estimator_util
 
@@ -74,6 +63,12 @@ if _tf_estimator is not None:
     TrainSpec: Any = _tf_estimator.TrainSpec
     EvalSpec: Any = _tf_estimator.EvalSpec
     train_and_evaluate: Any = _tf_estimator.train_and_evaluate
+    Exporter: Any = _tf_estimator.Exporter
+    LatestExporter: Any = _tf_estimator.LatestExporter
+    FinalExporter: Any = _tf_estimator.FinalExporter
+    BestExporter: Any = _tf_estimator.BestExporter
+    # tf.estimator.export: serving input receivers, their builders and the ExportOutput classes.
+    export_namespace: Any = _tf_estimator.export
 else:
     from estimator import runtime as _runtime
 
@@ -84,9 +79,19 @@ else:
     RunConfig = _runtime.RunConfig
     ModeKeys = _runtime.ModeKeys
     WarmStartSettings = _runtime.WarmStartSettings
-    TrainSpec = getattr(_runtime, "TrainSpec", None) or _not_in_runtime_yet("TrainSpec")
-    EvalSpec = getattr(_runtime, "EvalSpec", None) or _not_in_runtime_yet("EvalSpec")
-    train_and_evaluate = getattr(_runtime, "train_and_evaluate", None) or _not_in_runtime_yet("train_and_evaluate")
+    TrainSpec = _runtime.TrainSpec
+    EvalSpec = _runtime.EvalSpec
+    train_and_evaluate = _runtime.train_and_evaluate
+    Exporter = _runtime.Exporter
+    LatestExporter = _runtime.LatestExporter
+    FinalExporter = _runtime.FinalExporter
+    BestExporter = _runtime.BestExporter
+    export_namespace = _runtime.export
+
+ServingInputReceiver: Any = export_namespace.ServingInputReceiver
+TensorServingInputReceiver: Any = export_namespace.TensorServingInputReceiver
+build_raw_serving_input_receiver_fn: Any = export_namespace.build_raw_serving_input_receiver_fn
+build_parsing_serving_input_receiver_fn: Any = export_namespace.build_parsing_serving_input_receiver_fn
 
 SessionRunHook = tf.compat.v1.train.SessionRunHook
 CheckpointSaverListener = tf.compat.v1.train.CheckpointSaverListener

@@ -6,6 +6,7 @@ import re
 import pytest
 import tensorflow as tf
 
+import estimator as estimator_api
 from cerebras_tf import errors
 
 ModeKeys = tf.estimator.ModeKeys
@@ -100,9 +101,9 @@ def test_train_and_evaluate_is_refused_on_cs(make_estimator, make_input_fn, asse
         error_type = errors.MultipleProblemsError
         fragments = [f"1. {refused}", "2. [Unsupported Config] The TF_CONFIG environment variable must be set"]
     estimator = make_estimator()
-    train_spec = tf.estimator.TrainSpec(make_input_fn(), max_steps=5)
-    eval_spec = tf.estimator.EvalSpec(make_input_fn(repeat=False), steps=2)
-    assert_refused(estimator, error_type, lambda: tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec),
+    train_spec = estimator_api.TrainSpec(make_input_fn(), max_steps=5)
+    eval_spec = estimator_api.EvalSpec(make_input_fn(repeat=False), steps=2)
+    assert_refused(estimator, error_type, lambda: estimator_api.train_and_evaluate(estimator, train_spec, eval_spec),
                    *fragments)
 
 

@@ -17,8 +17,9 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import tensorflow as tf
 
-from estimator.runtime import calls, evaluator, hooks as hooks_lib, inputs, predictor, trainer
+from estimator.runtime import calls, evaluator, hooks as hooks_lib, inputs, predictor, saved_model, trainer
 from estimator.runtime.cluster import TaskType
+from estimator.runtime.mode_keys import ModeKeys
 from estimator.runtime.run_config import RunConfig, as_run_config, default_session_config, path_to_str
 from estimator.runtime.spec import EstimatorSpec
 from estimator.runtime.warm_start import warm_start_settings
@@ -174,6 +175,38 @@ class Estimator:
                           "predict.")
         yield from predictor.predict_model(self, input_fn, predict_keys, all_hooks, checkpoint_path,
                                            yield_single_examples)
+
+    # ------------------------------------------------------------------ export
+
+    def export_saved_model(self, export_dir_base: Any, serving_input_receiver_fn: Callable[[], Any] | None,
+                           assets_extra: dict[str, str] | None = None, as_text: bool = False,
+                           checkpoint_path: str | None = None, experimental_mode: str = ModeKeys.PREDICT) -> bytes:
+        """Export the model as a SavedModel in export_dir_base/<timestamp>/; returns that path (bytes).
+
+        serving_input_receiver_fn() returns a ServingInputReceiver (or
+        TensorServingInputReceiver): the request's tensors and the features
+        model_fn gets. Its signatures are the spec's export_outputs (default:
+        "serving_default", the predictions). The weights are the checkpoint's
+        (default: the latest; an error when there is none).
+        assets_extra: {destination under assets.extra/: source file}.
+        """
+        if not serving_input_receiver_fn:
+            raise ValueError("An input_receiver_fn must be defined.")
+        receiver_fn_map = {experimental_mode: serving_input_receiver_fn}
+        return saved_model.export_all_saved_models(self, export_dir_base, receiver_fn_map, assets_extra, as_text,
+                                                   checkpoint_path)
+
+    def experimental_export_all_saved_models(self, export_dir_base: Any,
+                                             input_receiver_fn_map: dict[str, Callable[[], Any]],
+                                             assets_extra: dict[str, str] | None = None, as_text: bool = False,
+                                             checkpoint_path: str | None = None) -> bytes:
+        """One SavedModel with a MetaGraph per mode in `input_receiver_fn_map` ({ModeKeys: receiver fn}).
+
+        TRAIN and EVAL receivers return SupervisedInputReceivers (features and
+        labels); their MetaGraphs keep the loss, metrics and train_op.
+        """
+        return saved_model.export_all_saved_models(self, export_dir_base, input_receiver_fn_map, assets_extra, as_text,
+                                                   checkpoint_path)
 
     # ------------------------------------------------------------------ graph building (subclasses use these)
 

@@ -1,13 +1,18 @@
 """The few TensorFlow internals the runtime needs, in one place.
 
-Everything else in the runtime uses tf / tf.compat.v1. These two have no
+Everything else in the runtime uses tf / tf.compat.v1. These have no
 public equivalent and exist unchanged from TF 2.15 to 2.21:
 
 - the global step "read" tensor Estimator graphs create right after the
   global step (model_fn ops are built after it, so op-level random seeds
   match tf.estimator's only when it exists);
 - the default export outputs of a PREDICT spec (a PredictOutput over the
-  predictions), whose classes SavedModel export works with.
+  predictions), whose classes SavedModel export works with;
+- SavedModel export's helpers (TensorFlow's saved_model.model_utils, the
+  ones tf.estimator itself exports with): the export outputs and signature
+  defs for a mode, the tags of each mode, timestamped export directories, and
+  the dict keys a single receiver/feature tensor gets. Using them keeps the
+  signatures exactly tf.estimator's.
 """
 from __future__ import annotations
 
@@ -20,6 +25,22 @@ from tensorflow.python.training import training_util as _training_util
 
 ExportOutput = _export_output.ExportOutput
 PredictOutput = _export_output.PredictOutput
+ClassificationOutput = _export_output.ClassificationOutput
+RegressionOutput = _export_output.RegressionOutput
+EvalOutput = _export_output.EvalOutput
+
+build_all_signature_defs = _export_utils.build_all_signature_defs
+export_outputs_for_mode = _export_utils.export_outputs_for_mode
+get_timestamped_export_dir = _export_utils.get_timestamped_export_dir
+get_temp_export_dir = _export_utils.get_temp_export_dir
+SINGLE_FEATURE_DEFAULT_NAME: str = _export_utils.SINGLE_FEATURE_DEFAULT_NAME
+SINGLE_RECEIVER_DEFAULT_NAME: str = _export_utils.SINGLE_RECEIVER_DEFAULT_NAME
+SINGLE_LABEL_DEFAULT_NAME: str = _export_utils.SINGLE_LABEL_DEFAULT_NAME
+
+
+def export_tags(mode: str) -> Any:
+    """The MetaGraph tags of a mode's export (PREDICT: "serve", TRAIN: "train", EVAL: "eval")."""
+    return _export_utils.EXPORT_TAG_MAP[mode]
 
 
 def create_global_step_read(graph: tf.Graph) -> Any:
@@ -30,3 +51,9 @@ def create_global_step_read(graph: tf.Graph) -> Any:
 def export_outputs_for(export_outputs: Any, predictions: Any) -> dict[str, Any]:
     """Validated export outputs, with the default serving signature over `predictions` added when missing."""
     return _export_utils.get_export_outputs(export_outputs, predictions)
+
+
+def add_train_op(builder: Any, train_op: Any) -> None:
+    """Record a TRAIN/EVAL export's train_op in the SavedModel (the builder keeps it in a collection; no-op
+    for None). SavedModelBuilder has no public way to do this; tf.estimator uses the same method."""
+    builder._add_train_op(train_op)

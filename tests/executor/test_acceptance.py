@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from benchmarks.summaries import read_scalars as scalars
 import cerebras_tf
+import estimator as estimator_api
 from cerebras_tf import CerebrasEstimator, CSRunConfig, amp, set_default_tf_config
 
 CS_IP = "localhost:9000"
@@ -74,8 +75,8 @@ def cs_estimator(model_fn, model_dir, params=None, **config):
 
 def cpu_estimator(model_fn, model_dir, params=None, **config):
     config.setdefault("tf_random_seed", 1)
-    return tf.estimator.Estimator(model_fn, model_dir=str(model_dir), config=tf.estimator.RunConfig(**config),
-                                  params=dict(params or {}))
+    return estimator_api.Estimator(model_fn, model_dir=str(model_dir), config=estimator_api.RunConfig(**config),
+                                   params=dict(params or {}))
 
 
 # --------------------------------------------------------------------------- 1. float32 parity
@@ -166,8 +167,8 @@ def test_float16_numerics_still_converge(tmp_path, float16_numerics, name):
     CerebrasEstimator(zoo.model_fn, model_dir=str(tmp_path / "cs"), params=params, warm_start_from=str(start),
                       config=CSRunConfig(cs_ip=CS_IP, log_step_count_steps=50)).train(
         zoo.input_fn, max_steps=CONVERGENCE_STEPS, use_cs=True)
-    tf.estimator.Estimator(zoo.model_fn, model_dir=str(tmp_path / "cpu"), params=params,
-                           warm_start_from=str(start)).train(zoo.input_fn, max_steps=CONVERGENCE_STEPS)
+    estimator_api.Estimator(zoo.model_fn, model_dir=str(tmp_path / "cpu"), params=params,
+                            warm_start_from=str(start)).train(zoo.input_fn, max_steps=CONVERGENCE_STEPS)
 
     cs_loss = _loss_on_cpu(zoo.model_fn, zoo.input_fn, tmp_path / "cs", params)
     cpu_loss = _loss_on_cpu(zoo.model_fn, zoo.input_fn, tmp_path / "cpu", params)

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import cerebras_tf
+import estimator as estimator_api
 from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, cs_training, set_default_tf_config
 from cerebras_tf import ir
 from benchmarks.summaries import read_scalars
@@ -167,7 +168,7 @@ def test_two_embedded_input_workers_stream_dict_features_and_dict_labels(tmp_pat
     assert estimator.get_variable_value("global_step") == 10
     shares = [read_scalars(str(tmp_path), f"input/worker_{i}_share")[10] for i in range(2)]
     assert sum(shares) == pytest.approx(1.0)  # both workers' streams were counted
-    plain = tf.estimator.Estimator(model_fn, model_dir=str(tmp_path), params=params)
+    plain = estimator_api.Estimator(model_fn, model_dir=str(tmp_path), params=params)
     assert np.isfinite(plain.evaluate(eval_input_fn, steps=2)["loss"])
 
 

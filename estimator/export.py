@@ -1,0 +1,32 @@
+"""`estimator.export`: what tf.estimator users reach as `tf.estimator.export.*`, for the runtime in use.
+
+Serving input receivers (ServingInputReceiver, TensorServingInputReceiver),
+the builders of serving_input_receiver_fns, and the ExportOutput classes:
+tf.estimator.export's on TF <= 2.15, estimator.runtime.export's otherwise
+(see estimator.api).
+"""
+from typing import Any
+
+from estimator.api import export_namespace as _namespace
+
+ServingInputReceiver: Any = _namespace.ServingInputReceiver
+TensorServingInputReceiver: Any = _namespace.TensorServingInputReceiver
+build_raw_serving_input_receiver_fn: Any = _namespace.build_raw_serving_input_receiver_fn
+build_parsing_serving_input_receiver_fn: Any = _namespace.build_parsing_serving_input_receiver_fn
+ExportOutput: Any = _namespace.ExportOutput
+PredictOutput: Any = _namespace.PredictOutput
+ClassificationOutput: Any = _namespace.ClassificationOutput
+RegressionOutput: Any = _namespace.RegressionOutput
+EvalOutput: Any = _namespace.EvalOutput
+
+__all__ = [
+    "ClassificationOutput",
+    "EvalOutput",
+    "ExportOutput",
+    "PredictOutput",
+    "RegressionOutput",
+    "ServingInputReceiver",
+    "TensorServingInputReceiver",
+    "build_parsing_serving_input_receiver_fn",
+    "build_raw_serving_input_receiver_fn",
+]
