@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from estimator import Estimator, EvalSpec, RunConfig, TrainSpec, train_and_evaluate
 from cerebras_tf import CerebrasEstimator
 
 SEED = 42
@@ -29,7 +30,7 @@ def trained(tmp_path_factory, build_estimator, make_model_fn, make_input_fn) -> 
     return estimator.train(make_input_fn(), max_steps=STEPS)
 
 
-def _numpy_predictions(estimator: tf.estimator.Estimator, x: np.ndarray) -> np.ndarray:
+def _numpy_predictions(estimator: Estimator, x: np.ndarray) -> np.ndarray:
     """The MLP of make_model_fn, in numpy, with the estimator's latest checkpoint."""
     value = estimator.get_variable_value
     hidden = np.maximum(x @ value("hidden/kernel") + value("hidden/bias"), 0.0)
@@ -42,14 +43,14 @@ def _examples(count: int, total: int) -> np.ndarray:
 
 
 def test_cerebras_estimator_is_a_tf_estimator():
-    assert issubclass(CerebrasEstimator, tf.estimator.Estimator)
+    assert issubclass(CerebrasEstimator, Estimator)
 
 
 @pytest.mark.parametrize("cs_ip, run", [(None, {}), ("localhost:9000", {"use_cs": False})])
 def test_training_gives_the_same_variables_as_tf_estimator(
         trained, build_estimator, make_model_fn, make_input_fn, tmp_path, cs_ip, run):
-    reference = tf.estimator.Estimator(make_model_fn(host_call="list"), model_dir=str(tmp_path / "reference"),
-                                       config=tf.estimator.RunConfig(tf_random_seed=SEED), params=trained.params)
+    reference = Estimator(make_model_fn(host_call="list"), model_dir=str(tmp_path / "reference"),
+                          config=RunConfig(tf_random_seed=SEED), params=trained.params)
     reference.train(make_input_fn(), max_steps=STEPS)
     if cs_ip is None:
         estimator = trained
@@ -118,11 +119,11 @@ def test_host_call_becomes_eval_metric_ops_on_cpu(
 
 def test_train_and_evaluate_works_on_cpu(build_estimator, make_model_fn, make_input_fn, data, model_dir):
     estimator = build_estimator(model_dir, make_model_fn(host_call="list"), cs_ip=None, tf_random_seed=SEED)
-    metrics, _ = tf.estimator.train_and_evaluate(
+    metrics, _ = train_and_evaluate(
         estimator,
-        tf.estimator.TrainSpec(make_input_fn(), max_steps=4),
-        tf.estimator.EvalSpec(make_input_fn(shuffle=False, repeat=False, drop_remainder=False), steps=None,
-                              throttle_secs=0),
+        TrainSpec(make_input_fn(), max_steps=4),
+        EvalSpec(make_input_fn(shuffle=False, repeat=False, drop_remainder=False), steps=None,
+                 throttle_secs=0),
     )
     assert metrics["global_step"] == 4
     np.testing.assert_allclose(metrics["mse"], np.mean((_numpy_predictions(estimator, data.x) - data.y) ** 2),

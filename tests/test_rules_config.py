@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.distribute.distribute_config import DistributeConfig  # no public alias in TF 2.15
 
+from estimator import ModeKeys, RunConfig
 from cerebras_tf import CSRunConfig, errors, set_default_tf_config
 from cerebras_tf.rules.config import MIN_SAVE_CHECKPOINTS_STEPS
 
@@ -43,7 +44,7 @@ def test_each_unsupported_run_config_parameter_is_refused_on_cs(make_estimator, 
 
 
 def test_plain_run_config_default_checkpoint_secs_is_refused(make_estimator, make_input_fn, assert_refused):
-    plain = tf.estimator.RunConfig()
+    plain = RunConfig()
     assert plain.save_checkpoints_secs == 600  # tf.estimator's default, which the CS system does not support
     estimator = make_estimator(config=plain)
     assert_refused(estimator, errors.ConfigError, lambda: estimator.compile(make_input_fn(), validate_only=True),
@@ -134,7 +135,7 @@ def test_compile_does_not_need_tf_config_but_its_report_warns_that_training_will
     assert "TF_CONFIG" not in head
     assert warning.message in warnings and "train(use_cs=True)" in warnings
     _valid_tf_config_in(warnings)
-    evaluation = estimator.compile(make_input_fn(), validate_only=True, mode=tf.estimator.ModeKeys.EVAL)
+    evaluation = estimator.compile(make_input_fn(), validate_only=True, mode=ModeKeys.EVAL)
     assert not evaluation.warnings  # evaluation does not need TF_CONFIG
 
     tf_config.set()
@@ -156,7 +157,7 @@ def test_set_default_tf_config_sets_a_chief_and_keeps_an_existing_value(tf_confi
 
 def test_cs_run_config_is_a_run_config_for_cpu_by_default():
     config = CSRunConfig(tf_random_seed=3)
-    assert isinstance(config, tf.estimator.RunConfig)
+    assert isinstance(config, RunConfig)
     assert (config.cs_ip, config.system_name, config.tf_random_seed) == (None, None, 3)
     assert (config.cs_config, config.stack_params) == ({}, {})
 

@@ -6,9 +6,9 @@ import re
 import pytest
 import tensorflow as tf
 
+from estimator import EvalSpec, ModeKeys, TrainSpec, train_and_evaluate
 from cerebras_tf import errors
 
-ModeKeys = tf.estimator.ModeKeys
 
 EVAL_METRIC_OPS_IN_TRAINING = "[Unsupported TensorFlow] Detected unsupported eval_metric_ops in CS system training run."
 
@@ -100,10 +100,10 @@ def test_train_and_evaluate_is_refused_on_cs(make_estimator, make_input_fn, asse
         error_type = errors.MultipleProblemsError
         fragments = [f"1. {refused}", "2. [Unsupported Config] The TF_CONFIG environment variable must be set"]
     estimator = make_estimator()
-    train_spec = tf.estimator.TrainSpec(make_input_fn(), max_steps=5)
-    eval_spec = tf.estimator.EvalSpec(make_input_fn(repeat=False), steps=2)
-    assert_refused(estimator, error_type, lambda: tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec),
-                   *fragments)
+    train_spec = TrainSpec(make_input_fn(), max_steps=5)
+    eval_spec = EvalSpec(make_input_fn(repeat=False), steps=2)
+    assert_refused(estimator, error_type, lambda: train_and_evaluate(estimator, train_spec, eval_spec),
+      *fragments)
 
 
 def test_train_needs_steps_or_max_steps(make_estimator, make_input_fn, assert_refused):

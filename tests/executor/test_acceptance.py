@@ -1,6 +1,6 @@
 """Acceptance tests of the simulated WSE (issue 4), through the public API only.
 
-CerebrasEstimator / CSRunConfig / cerebras_tf.amp, checked against plain tf.estimator.Estimator on CPU:
+CerebrasEstimator / CSRunConfig / cerebras_tf.amp, checked against plain Estimator on CPU:
 
 - float32 numerics (`amp.set_half_dtype("float32")`): a whole 50-step Adam run of an MLP matches the
   Estimator step by step (loss sequence, final weights and optimizer slots);
@@ -22,6 +22,7 @@ import pytest
 import tensorflow as tf
 
 from benchmarks.summaries import read_scalars as scalars
+from estimator import Estimator, EstimatorSpec, RunConfig
 import cerebras_tf
 from cerebras_tf import CerebrasEstimator, CSRunConfig, amp, set_default_tf_config
 
@@ -74,8 +75,8 @@ def cs_estimator(model_fn, model_dir, params=None, **config):
 
 def cpu_estimator(model_fn, model_dir, params=None, **config):
     config.setdefault("tf_random_seed", 1)
-    return tf.estimator.Estimator(model_fn, model_dir=str(model_dir), config=tf.estimator.RunConfig(**config),
-                                  params=dict(params or {}))
+    return Estimator(model_fn, model_dir=str(model_dir), config=RunConfig(**config),
+                     params=dict(params or {}))
 
 
 # --------------------------------------------------------------------------- 1. float32 parity
@@ -104,7 +105,7 @@ def _parity_model_fn(features, labels, mode, params):
                                        kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=13))
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
     train_op = tf.compat.v1.train.AdamOptimizer(0.01).minimize(loss, global_step=tf.compat.v1.train.get_global_step())
-    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+    return EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
 def test_float32_numerics_match_the_cpu_estimator_step_by_step_for_50_adam_steps(tmp_path, float32_numerics):
@@ -163,8 +164,8 @@ def test_float16_numerics_still_converge(tmp_path, float16_numerics, name):
     CerebrasEstimator(zoo.model_fn, model_dir=str(tmp_path / "cs"), params=params, warm_start_from=str(start),
                       config=CSRunConfig(cs_ip=CS_IP, log_step_count_steps=50)).train(
         zoo.input_fn, max_steps=CONVERGENCE_STEPS, use_cs=True)
-    tf.estimator.Estimator(zoo.model_fn, model_dir=str(tmp_path / "cpu"), params=params,
-                           warm_start_from=str(start)).train(zoo.input_fn, max_steps=CONVERGENCE_STEPS)
+    Estimator(zoo.model_fn, model_dir=str(tmp_path / "cpu"), params=params,
+              warm_start_from=str(start)).train(zoo.input_fn, max_steps=CONVERGENCE_STEPS)
 
     cs_loss = _loss_on_cpu(zoo.model_fn, zoo.input_fn, tmp_path / "cs", params)
     cpu_loss = _loss_on_cpu(zoo.model_fn, zoo.input_fn, tmp_path / "cpu", params)
@@ -258,7 +259,7 @@ def test_a_run_killed_at_random_moments_leaves_a_loadable_checkpoint_and_resumes
             assert f"Restoring the simulated WSE's weights from {os.path.join(model_dir, 'model.ckpt-')}" \
                 in log_path.read_text()
         # Plain TF on CPU loads it.
-        plain = tf.estimator.Estimator(script.model_fn, model_dir=model_dir, params={})
+        plain = Estimator(script.model_fn, model_dir=model_dir, params={})
         assert plain.evaluate(script.input_fn, steps=2)["global_step"] == step
     assert steps_seen == sorted(steps_seen) and steps_seen[-1] > steps_seen[0]  # each run resumed and went on
 
@@ -276,7 +277,7 @@ def test_plain_estimator_predict_and_export_saved_model_read_the_checkpoint(tmp_
     hidden = np.maximum(x @ weights["hidden/kernel"] + weights["hidden/bias"], 0)
     expected = hidden @ weights["output/kernel"] + weights["output/bias"]
 
-    plain = tf.estimator.Estimator(script.model_fn, model_dir=model_dir, params={})
+    plain = Estimator(script.model_fn, model_dir=model_dir, params={})
     predicted = np.stack([p["y"] for p in plain.predict(lambda: tf.data.Dataset.from_tensor_slices(x).batch(3))])
     np.testing.assert_allclose(predicted, expected, rtol=1e-5, atol=1e-6)
 

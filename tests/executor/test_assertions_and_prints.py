@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from estimator import Estimator, ModeKeys, RunConfig
 import cerebras_tf
 from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, set_default_tf_config
 
@@ -116,8 +117,8 @@ def _cs(checks, model_dir):
 
 
 def _cpu(checks, model_dir):
-    config = tf.estimator.RunConfig(tf_random_seed=1, save_checkpoints_steps=SAVE_EVERY)
-    return tf.estimator.Estimator(_model_fn(checks), model_dir=str(model_dir), config=config, params={})
+    config = RunConfig(tf_random_seed=1, save_checkpoints_steps=SAVE_EVERY)
+    return Estimator(_model_fn(checks), model_dir=str(model_dir), config=config, params={})
 
 
 def _marker_line(name: str) -> str:
@@ -252,7 +253,7 @@ def _eval_model_fn(features, labels, mode, params):
     """An assertion on the labels in EVAL mode, one on the predictions in PREDICT mode."""
     predictions = tf.compat.v1.layers.dense(features, 1, name="out",
                                             kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=7))
-    if mode == tf.estimator.ModeKeys.PREDICT:
+    if mode == ModeKeys.PREDICT:
         with tf.control_dependencies([tf.debugging.assert_less(predictions, 3.0)]):
             return CSEstimatorSpec(mode, predictions={"y": tf.identity(predictions)})
     with tf.control_dependencies([tf.debugging.assert_less(labels, 3.0, message="label out of range")]):
@@ -277,15 +278,15 @@ def _predict_input_fn(params):
 @pytest.fixture
 def trained_dir(tmp_path):
     model_dir = tmp_path / "model"
-    tf.estimator.Estimator(_eval_model_fn, model_dir=str(model_dir),
-                           config=tf.estimator.RunConfig(tf_random_seed=1)).train(
+    Estimator(_eval_model_fn, model_dir=str(model_dir),
+              config=RunConfig(tf_random_seed=1)).train(
         lambda params: tf.data.Dataset.from_tensor_slices((_X, np.zeros((_ROWS, 1), np.float32))).repeat().batch(
             BATCH, drop_remainder=True), max_steps=3)
     return model_dir
 
 
 def test_an_assertion_fails_in_evaluate_as_on_cpu_and_nothing_is_written(trained_dir):
-    cpu = tf.estimator.Estimator(_eval_model_fn, model_dir=str(trained_dir))
+    cpu = Estimator(_eval_model_fn, model_dir=str(trained_dir))
     with pytest.raises(tf.errors.InvalidArgumentError) as on_cpu:
         cpu.evaluate(_eval_input_fn, steps=4)
     before = sorted(os.listdir(trained_dir))
@@ -303,7 +304,7 @@ def test_an_assertion_fails_in_evaluate_as_on_cpu_and_nothing_is_written(trained
 
 
 def test_an_assertion_fails_in_predict_as_on_cpu(trained_dir):
-    cpu = tf.estimator.Estimator(_eval_model_fn, model_dir=str(trained_dir))
+    cpu = Estimator(_eval_model_fn, model_dir=str(trained_dir))
     with pytest.raises(tf.errors.InvalidArgumentError) as on_cpu:
         list(cpu.predict(_predict_input_fn, yield_single_examples=False))
     cs = CerebrasEstimator(_eval_model_fn, model_dir=str(trained_dir), config=CSRunConfig(cs_ip=CS_IP), params={})

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from estimator import Estimator, ModeKeys
 import cerebras_tf
 from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, cs_training, set_default_tf_config
 from cerebras_tf import ir
@@ -83,7 +84,7 @@ def model_fn(features, labels, mode, params):
     pooled = tf.compat.v1.layers.dense(sequence[:, 0], HIDDEN, activation=tf.tanh, kernel_initializer=init,
                                        name="pooler")
     nsp_logits = tf.compat.v1.layers.dense(pooled, 2, kernel_initializer=init, name="nsp")
-    if mode == tf.estimator.ModeKeys.PREDICT:
+    if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={
             "masked_lm_predictions": tf.reshape(tf.argmax(mlm_logits, axis=-1, output_type=tf.int32),
                                                 [-1, MAX_PREDICTIONS]),
@@ -97,7 +98,7 @@ def model_fn(features, labels, mode, params):
     nsp_loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(next_sentence, nsp_logits)
     loss = mlm_loss + nsp_loss
     train_op = None
-    if mode == tf.estimator.ModeKeys.TRAIN:
+    if mode == ModeKeys.TRAIN:
         optimizer = tf.compat.v1.train.AdamOptimizer(0.01)
         # Dense embedding gradients: the CS system has no kernel for the sparse update's tf.unique.
         grads = [(tf.convert_to_tensor(g), v) for g, v in optimizer.compute_gradients(loss)]
@@ -167,7 +168,7 @@ def test_two_embedded_input_workers_stream_dict_features_and_dict_labels(tmp_pat
     assert estimator.get_variable_value("global_step") == 10
     shares = [read_scalars(str(tmp_path), f"input/worker_{i}_share")[10] for i in range(2)]
     assert sum(shares) == pytest.approx(1.0)  # both workers' streams were counted
-    plain = tf.estimator.Estimator(model_fn, model_dir=str(tmp_path), params=params)
+    plain = Estimator(model_fn, model_dir=str(tmp_path), params=params)
     assert np.isfinite(plain.evaluate(eval_input_fn, steps=2)["loss"])
 
 

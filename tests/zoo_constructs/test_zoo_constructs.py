@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from estimator import Estimator
 import cerebras_tf
 from cerebras_tf import CerebrasEstimator, CSRunConfig, set_default_tf_config
 
@@ -100,8 +101,8 @@ def test_training_on_the_system_matches_tf_estimator_and_cpu_evaluates_its_check
     cerebras_tf.release_system()
     steps = zoo.DEFAULT_PARAMS["num_examples"] // zoo.DEFAULT_PARAMS["batch_size"]
     on_wafer = system.evaluate(zoo.eval_input_fn, steps=steps, use_cs=True)
-    plain = tf.estimator.Estimator(zoo.model_fn, model_dir=str(tmp_path / "system"),
-                                   params={**zoo.DEFAULT_PARAMS, **params}).evaluate(zoo.eval_input_fn)
+    plain = Estimator(zoo.model_fn, model_dir=str(tmp_path / "system"),
+                      params={**zoo.DEFAULT_PARAMS, **params}).evaluate(zoo.eval_input_fn)
     on_cpu_metrics = system.evaluate(zoo.eval_input_fn, use_cs=False)  # host_call metrics as eval_metric_ops
     np.testing.assert_allclose(plain["loss"], on_cpu_metrics["loss"], rtol=1e-6)
     assert on_wafer["global_step"] == on_cpu_metrics["global_step"] == STEPS
