@@ -21,10 +21,10 @@ except ImportError:  # pragma: no cover
     _erfc_vec = np.frompyfunc(math.erfc, 1, 1)
 
     def _erf(x: np.ndarray) -> np.ndarray:
-        return _erf_vec(np.asarray(x, np.float64)).astype(np.float64)
+        return np.asarray(_erf_vec(np.asarray(x, np.float64)), np.float64)
 
     def _erfc(x: np.ndarray) -> np.ndarray:  # not 1 - erf(x): that loses every digit for large x
-        return _erfc_vec(np.asarray(x, np.float64)).astype(np.float64)
+        return np.asarray(_erfc_vec(np.asarray(x, np.float64)), np.float64)
 
 SELU_SCALE = 1.0507009873554804934193349852946
 SELU_ALPHA = 1.6732632423543772848170429916717
