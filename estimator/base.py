@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from estimator.api import Estimator, EstimatorSpec
+from estimator.legacy_keras import HOW_TO_FIX
 
 
 class EstimatorBase(Estimator):
@@ -23,8 +24,15 @@ class EstimatorBase(Estimator):
         return self._adapt_spec(self.call_user_model_fn(features, labels, mode, config), mode)
 
     def call_user_model_fn(self, features: Any, labels: Any, mode: str, config: Any) -> EstimatorSpec:
-        """Call the user's model_fn exactly as tf.estimator does, returning its spec unchanged."""
-        return Estimator._call_model_fn(self, features, labels, mode, config)
+        """Call the user's model_fn exactly as tf.estimator does, returning its spec unchanged.
+
+        On TF >= 2.16, a tf.compat.v1.layers call that Keras 3 refuses gets what to do added to its message."""
+        try:
+            return Estimator._call_model_fn(self, features, labels, mode, config)
+        except AttributeError as error:
+            if "is not available with Keras 3" not in str(error):
+                raise
+            raise AttributeError(f"{error} {HOW_TO_FIX}") from error
 
     def _adapt_spec(self, spec: EstimatorSpec, mode: str) -> EstimatorSpec:
         """Turn the model_fn's spec into one the parent Estimator runs. Identity here."""

@@ -74,6 +74,28 @@ def test_a_clear_warning_says_what_to_do_when_v1_layers_cannot_work(tmp_path):
     assert "tf.compat.v1.layers was used before TF_USE_LEGACY_KERAS was set" in done.stderr
 
 
+@pytest.mark.skipif(not MODERN, reason="only TF >= 2.16 routes Keras by TF_USE_LEGACY_KERAS")
+def test_a_model_fn_whose_v1_layers_fail_says_what_to_do(tmp_path):
+    done = _python("""
+        import numpy as np
+        import tensorflow as tf
+        from cerebras_tf import CerebrasEstimator, EstimatorSpec
+
+        def model_fn(features, labels, mode, params):
+            loss = tf.reduce_mean(tf.compat.v1.layers.dense(features, 1))
+            return EstimatorSpec(mode, loss=loss, train_op=tf.compat.v1.assign_add(
+                tf.compat.v1.train.get_or_create_global_step(), 1))
+
+        def input_fn(params):
+            return tf.data.Dataset.from_tensors((np.ones((2, 3), np.float32), None)).repeat()
+
+        CerebrasEstimator(model_fn, model_dir="m").train(input_fn, steps=1)
+    """, tmp_path, TF_USE_LEGACY_KERAS="0")
+    assert done.returncode != 0
+    assert "AttributeError: `dense` is not available with Keras 3. tf.compat.v1.layers need the tf-keras" in done.stderr
+    assert "export TF_USE_LEGACY_KERAS=1" in done.stderr
+
+
 # A script written for tf.estimator (TF 1.x/2.x Estimator API), unchanged but for the first import.
 _LEGACY_SCRIPT = """
     import cerebras_tf.legacy_estimator  # noqa: F401 - the one line added for TF >= 2.16
