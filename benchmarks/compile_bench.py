@@ -23,6 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
+from estimator import ModeKeys
 from cerebras_tf import CerebrasEstimator, CSRunConfig  # noqa: E402
 from examples.zoo import benchmark_models  # noqa: E402
 
@@ -62,7 +63,7 @@ def measure_xla(module: Any, params: dict[str, Any]) -> dict[str, float]:
     def step(f: tf.Tensor, l: tf.Tensor) -> tf.Tensor:
         tf.compat.v1.set_random_seed(1)
         tf.compat.v1.train.get_or_create_global_step()
-        spec = module.model_fn(f, l, tf.estimator.ModeKeys.TRAIN, params)
+        spec = module.model_fn(f, l, ModeKeys.TRAIN, params)
         with tf.control_dependencies([spec.train_op]):
             return tf.identity(spec.loss)
 

@@ -1,7 +1,7 @@
 """Executor host throughput: the simulated WSE (numpy, half-precision emulation) vs TensorFlow on this CPU.
 
 Two levels, each side in its own subprocess:
-  - train: what a user sees. plain tf.estimator.Estimator.train on CPU vs
+  - train: what a user sees. plain Estimator.train on CPU vs
     CerebrasEstimator.train(use_cs=True) on the simulated WSE, same model_fn and input_fn;
     steps/s is the mean of the `global_step/sec` summaries both write every 20 steps
     (the first window, with start-up, left out);
@@ -63,6 +63,7 @@ def _measure(model_name: str, side: str, steps: int, level: str) -> dict:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import numpy as np
     import tensorflow as tf
+    from estimator import EstimatorSpec, ModeKeys
 
     from cerebras_tf import CerebrasEstimator, CSRunConfig
     from cerebras_tf import amp
@@ -87,7 +88,7 @@ def _measure(model_name: str, side: str, steps: int, level: str) -> dict:
         loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
         train_op = tf.compat.v1.train.AdamOptimizer(1e-3).minimize(
             loss, global_step=tf.compat.v1.train.get_global_step())
-        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+        return EstimatorSpec(mode, loss=loss, train_op=train_op)
 
     params: dict = {}
     if model_name == "cnn":
@@ -102,7 +103,7 @@ def _measure(model_name: str, side: str, steps: int, level: str) -> dict:
         return _measure_train(model_fn, input_fn, params, side, steps)
     estimator = CerebrasEstimator(model_fn, model_dir=tempfile.mkdtemp(), config=CSRunConfig(cs_ip="bench:1"),
                                   params=params)
-    model = precheck(estimator, input_fn, tf.estimator.ModeKeys.TRAIN)
+    model = precheck(estimator, input_fn, ModeKeys.TRAIN)
     batches = list(input_fn(params).take(8).as_numpy_iterator())
     if side == "tf":
         with model.graph.as_default(), tf.compat.v1.Session(graph=model.graph) as session:
@@ -131,7 +132,7 @@ def _measure(model_name: str, side: str, steps: int, level: str) -> dict:
 def _measure_train(model_fn, input_fn, params: dict, side: str, steps: int) -> dict:
     """Estimator.train / CerebrasEstimator.train(use_cs=True) steps/s from their global_step/sec summaries."""
     import numpy as np
-    import tensorflow as tf
+    from estimator import Estimator, RunConfig
 
     from cerebras_tf import CerebrasEstimator, CSRunConfig, set_default_tf_config
     from benchmarks.summaries import read_scalars
@@ -139,9 +140,9 @@ def _measure_train(model_fn, input_fn, params: dict, side: str, steps: int) -> d
     model_dir = tempfile.mkdtemp()
     total = LOG_EVERY * (max(steps // LOG_EVERY, 2) + 1)
     if side == "tf":
-        config = tf.estimator.RunConfig(log_step_count_steps=LOG_EVERY, save_summary_steps=LOG_EVERY,
-                                        save_checkpoints_steps=total)
-        tf.estimator.Estimator(model_fn, model_dir=model_dir, config=config, params=params).train(
+        config = RunConfig(log_step_count_steps=LOG_EVERY, save_summary_steps=LOG_EVERY,
+                           save_checkpoints_steps=total)
+        Estimator(model_fn, model_dir=model_dir, config=config, params=params).train(
             input_fn, max_steps=total)
     else:
         set_default_tf_config()

@@ -40,6 +40,7 @@ from benchmarks.summaries import read_scalars  # noqa: E402
 from cerebras_tf import CerebrasEstimator, CSRunConfig  # noqa: E402
 from cerebras_tf.input_workers import Cluster, InputStream  # noqa: E402
 from cerebras_tf.input_workers.service import free_port  # noqa: E402
+from estimator import EstimatorSpec  # noqa: E402
 
 TARGET_RATIO = 1.6
 BATCH = 32
@@ -86,7 +87,7 @@ def model_fn(features, labels, mode, params):
     logits = tf.compat.v1.layers.dense(hidden, 10, name="logits")
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
     train_op = tf.compat.v1.train.AdamOptimizer(1e-3).minimize(loss, global_step=tf.compat.v1.train.get_global_step())
-    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+    return EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
 def _worker_processes(n: int) -> tuple[Cluster, list[subprocess.Popen]]:

@@ -2,6 +2,8 @@
 
 Public API:
   CerebrasEstimator, CSRunConfig, CSEstimatorSpec, set_default_tf_config
+  ModeKeys, EstimatorSpec (the Estimator's, for the installed TensorFlow: tf.estimator's
+    on TF 2.15, cerebras-tf's own runtime on TF >= 2.16), so a model_fn needs no tf.estimator
   release_system (free a simulated system programmed in this process)
   errors (CerebrasError and its subclasses), amp (half dtypes, GradScaler)
   tf_helper.GetWeights (a checkpoint's weights as numpy, as the Model Zoo's
@@ -26,10 +28,12 @@ _LAZY = {
     "CSRunConfig": "cerebras_tf.run_config",
     "set_default_tf_config": "cerebras_tf.run_config",
     "CSEstimatorSpec": "cerebras_tf.spec",
+    "ModeKeys": "estimator",
+    "EstimatorSpec": "estimator",
 }
 
-__all__ = ["CSEstimatorSpec", "CSRunConfig", "CerebrasError", "CerebrasEstimator", "errors", "release_system",
-           "set_default_tf_config"]
+__all__ = ["CSEstimatorSpec", "CSRunConfig", "CerebrasError", "CerebrasEstimator", "EstimatorSpec", "ModeKeys",
+           "errors", "release_system", "set_default_tf_config"]
 __version__ = "0.1.0"
 
 

@@ -449,12 +449,15 @@ def evaluate_on_system(estimator: EstimatorBase, settings: CSSettings, model: Ca
             losses.append(float(outputs["loss"]))
             host.update(outputs)
         metrics = {**host.result(), "loss": float(np.mean(losses)), "global_step": global_step}
-    writer = tf.summary.create_file_writer(os.path.join(estimator.model_dir, "eval"))
-    with writer.as_default():
-        for name, value in metrics.items():
-            if name != "global_step":
-                tf.summary.scalar(name, value, step=global_step)
-    writer.flush()
+    # TF1 simple_value scalars in eval/, as tf.estimator writes its evaluation results (no TF2 tf.summary:
+    # that needs the tensorboard package on TF >= 2.16); non-scalar metrics are skipped, as there.
+    writer = EventWriter(os.path.join(estimator.model_dir, "eval"))
+    try:
+        writer.add_summary(scalar_summary({name: value for name, value in metrics.items()
+                                           if name != "global_step" and np.ndim(value) == 0
+                                           and np.issubdtype(np.asarray(value).dtype, np.number)}), global_step)
+    finally:
+        writer.close()
     _log.info("Saving dict for global step %d: %s (evaluated on the simulated WSE from %s)", global_step,
               ", ".join(f"{k} = {v}" for k, v in sorted(metrics.items())), path)
     return metrics

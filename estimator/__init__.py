@@ -4,8 +4,14 @@ Resolves the Estimator API for the installed TensorFlow (tf.estimator on
 TF <= 2.15, our own runtime, estimator.runtime, otherwise; see estimator.api),
 captures input_fn + model_fn into a graph for a mode, and introspects
 datasets. Nothing outside this package touches tensorflow_estimator internals.
+On TF >= 2.16 importing it first routes tf.compat.v1.layers to tf-keras
+(estimator.legacy_keras); estimator.install_as_tf_estimator() makes
+`tf.estimator` this package's runtime for unchanged legacy scripts.
 """
-from estimator import export
+from estimator.legacy_keras import prefer_legacy_keras as _prefer_legacy_keras
+
+_prefer_legacy_keras()  # before the imports below bring in TensorFlow
+from estimator import export  # noqa: E402
 from estimator.api import (
     BACKEND,
     BestExporter,
@@ -39,6 +45,7 @@ from estimator.dataset import (
     inspect_dataset,
     is_none_spec,
 )
+from estimator.legacy import install_as_tf_estimator
 
 __all__ = [
     "BACKEND",
@@ -71,6 +78,7 @@ __all__ = [
     "dataset_call_failure",
     "export",
     "inspect_dataset",
+    "install_as_tf_estimator",
     "is_none_spec",
     "run_config_value",
     "train_and_evaluate",

@@ -7,6 +7,7 @@ import tensorflow as tf
 from tensorflow.python.util import function_utils
 
 from estimator.api import Estimator, EstimatorSpec
+from estimator.legacy_keras import HOW_TO_FIX
 
 
 class EstimatorBase(Estimator):
@@ -26,8 +27,15 @@ class EstimatorBase(Estimator):
         return self._adapt_spec(self.call_user_model_fn(features, labels, mode, config), mode)
 
     def call_user_model_fn(self, features: Any, labels: Any, mode: str, config: Any) -> EstimatorSpec:
-        """Call the user's model_fn exactly as tf.estimator does, returning its spec unchanged."""
-        return Estimator._call_model_fn(self, features, labels, mode, config)
+        """Call the user's model_fn exactly as tf.estimator does, returning its spec unchanged.
+
+        On TF >= 2.16, a tf.compat.v1.layers call that Keras 3 refuses gets what to do added to its message."""
+        try:
+            return Estimator._call_model_fn(self, features, labels, mode, config)
+        except AttributeError as error:
+            if "is not available with Keras 3" not in str(error):
+                raise
+            raise AttributeError(f"{error} {HOW_TO_FIX}") from error
 
     def call_user_model_fn_unchecked(self, features: Any, labels: Any, mode: str, config: Any) -> Any:
         """Call the user's model_fn with the arguments tf.estimator passes it (by name, the ones it takes), but

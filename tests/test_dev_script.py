@@ -1,7 +1,9 @@
-"""`./dev setup` says what it installs and shows pip's output the first time, and nothing when nothing changed.
+"""`./dev`: picks the newest supported Python, keeps one venv per Python version (.venv links to the one in
+use), says which stack it set up and what it installs the first time, nothing when nothing changed, and refuses
+or rebuilds what it cannot use.
 
-Runs the real script on a copy of the project files with a stand-in for .venv/bin/python that records its
-arguments instead of installing anything.
+Runs the real script on a copy of the project files with stand-in interpreters that answer version queries,
+make a "venv" holding a copy of themselves, and record the rest of their arguments instead of installing.
 """
 from __future__ import annotations
 
@@ -11,49 +13,136 @@ import stat
 import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FAKE_PYTHON = '#!/bin/sh\necho "$@" >> "$(dirname "$0")/../calls.log"\necho "pip output for: $*"\n'
+
+
+def _fake_python(path, version: str | None) -> str:
+    """A stand-in for `python<version>` (None: one that does not run, as a pyenv shim of an unselected version)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if version is None:
+        path.write_text("#!/bin/sh\necho 'pyenv: version not installed' >&2\nexit 127\n")
+    else:
+        path.write_text(f"""#!/bin/sh
+case "$1" in
+  -c) echo "{version}"; exit 0 ;;
+  --version) echo "Python {version}.0"; exit 0 ;;
+  -m) if [ "$2" = venv ]; then mkdir -p "$3/bin"; cp "$0" "$3/bin/python"; exit 0; fi ;;
+esac
+echo "$@" >> "$(dirname "$0")/../calls.log"
+echo "pip output for: $*"
+""")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
 
 
 def _project(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir(parents=True)
     for name in ("dev", "pyproject.toml", "setup.cfg"):
-        shutil.copy2(os.path.join(ROOT, name), tmp_path / name)
-    python = tmp_path / ".venv" / "bin" / "python"
-    python.parent.mkdir(parents=True)
-    python.write_text(FAKE_PYTHON)
-    python.chmod(python.stat().st_mode | stat.S_IXUSR)
-    return tmp_path
+        shutil.copy2(os.path.join(ROOT, name), project / name)
+    return project
 
 
-def _setup(project) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(project / "dev"), "setup"], capture_output=True, text=True, timeout=60)
+def _dev(project, *args, python=None, path=None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HOME": str(project.parent / "home")}  # no pyenv versions there
+    env.pop("PYTHON", None)
+    if python is not None:
+        env["PYTHON"] = python
+    if path is not None:
+        env["PATH"] = path
+    return subprocess.run(["bash", str(project / "dev"), *(args or ("setup",))], capture_output=True, text=True,
+                          timeout=60, env=env)
 
 
-def _calls(project) -> list[str]:
-    log = project / ".venv" / "calls.log"
+def _calls(project, venv) -> list[str]:
+    log = project / venv / "calls.log"
     return log.read_text().splitlines() if log.exists() else []
 
 
-def test_first_setup_says_what_it_installs_and_shows_pips_output(tmp_path):
+def test_first_setup_says_which_stack_and_what_it_installs_and_shows_pips_output(tmp_path):
     project = _project(tmp_path)
-    done = _setup(project)
+    done = _dev(project, python=_fake_python(tmp_path / "bin" / "python3.12", "3.12"))
     assert done.returncode == 0, done.stderr
     assert done.stdout == ""  # setup talks on stderr: stdout stays the command's own
+    assert "./dev: creating .venv-3.12 with Python 3.12.0" in done.stderr
+    assert "TensorFlow 2.21.0 + tf-keras stack" in done.stderr
     assert "./dev: installing cerebras-tf and its pinned dependencies" in done.stderr and "2 GB" in done.stderr
-    install = [call for call in _calls(project) if "-e .[test,examples,lint]" in call]
+    install = [call for call in _calls(project, ".venv-3.12") if "-e .[test,examples,lint]" in call]
     assert install == ["-m pip install -e .[test,examples,lint]"]  # no --quiet: pip's progress shows
     assert "pip output for: -m pip install -e" in done.stderr
-    assert "./dev: .venv is ready" in done.stderr
+    assert "./dev: .venv-3.12 (Python 3.12, TensorFlow 2.21.0 + tf-keras) is ready" in done.stderr
+    assert os.readlink(project / ".venv") == ".venv-3.12"
 
 
 def test_setup_is_silent_when_nothing_changed_and_says_so_when_the_pins_change(tmp_path):
     project = _project(tmp_path)
-    _setup(project)
-    calls = len(_calls(project))
-    again = _setup(project)
+    python = _fake_python(tmp_path / "bin" / "python3.11", "3.11")
+    assert "TensorFlow 2.15.1 + tensorflow-estimator stack" in _dev(project, python=python).stderr
+    calls = len(_calls(project, ".venv-3.11"))
+    again = _dev(project, python=python)
     assert again.returncode == 0 and again.stdout == again.stderr == ""
-    assert len(_calls(project)) == calls
+    assert len(_calls(project, ".venv-3.11")) == calls
     with open(project / "setup.cfg", "a", encoding="utf-8") as handle:
         handle.write("\n# changed\n")
-    changed = _setup(project)
-    assert "./dev: pyproject.toml or setup.cfg changed: updating the packages in .venv" in changed.stderr
-    assert len(_calls(project)) == calls + 2
+    changed = _dev(project, python=python)
+    assert "./dev: pyproject.toml or setup.cfg changed: updating the packages in .venv-3.11" in changed.stderr
+    assert len(_calls(project, ".venv-3.11")) == calls + 2
+
+
+def test_one_venv_per_python_and_dot_venv_follows_the_one_in_use(tmp_path):
+    project = _project(tmp_path)
+    _dev(project, python=_fake_python(tmp_path / "bin" / "python3.11", "3.11"))
+    _dev(project, python=_fake_python(tmp_path / "bin" / "python3.13", "3.13"))
+    assert (project / ".venv-3.11" / "bin" / "python").exists() and (project / ".venv-3.13" / "bin" / "python").exists()
+    assert os.readlink(project / ".venv") == ".venv-3.13"
+    assert _dev(project, python=str(tmp_path / "bin" / "python3.11")).stderr == ""  # already set up: silent
+    assert os.readlink(project / ".venv") == ".venv-3.11"
+
+
+def test_picks_the_newest_supported_python_that_runs(tmp_path):
+    project = _project(tmp_path)
+    bin_dir = tmp_path / "bin"
+    _fake_python(bin_dir / "python3.13", None)  # on PATH, but does not run
+    _fake_python(bin_dir / "python3.12", "3.12")
+    _fake_python(bin_dir / "python3.11", "3.11")
+    done = _dev(project, path=f"{bin_dir}:/usr/bin:/bin")
+    assert done.returncode == 0, done.stderr
+    assert "creating .venv-3.12 with Python 3.12.0" in done.stderr
+    assert os.readlink(project / ".venv") == ".venv-3.12"
+
+
+def test_an_unsupported_python_is_refused_naming_the_supported_ones(tmp_path):
+    project = _project(tmp_path)
+    for version in ("3.10", "3.14"):
+        done = _dev(project, python=_fake_python(tmp_path / "bin" / f"python{version}", version))
+        assert done.returncode == 2
+        assert f"is Python {version}; cerebras-tf supports Python 3.13, 3.12, 3.11" in done.stderr
+        assert not (project / ".venv").exists() and not list(project.glob(".venv-*"))
+
+
+def test_an_old_dot_venv_is_kept_if_supported_and_rebuilt_with_a_clear_line_if_not(tmp_path):
+    project = _project(tmp_path)
+    _fake_python(project / ".venv" / "bin" / "python", "3.11")  # a .venv from the ./dev before this one
+    python = _fake_python(tmp_path / "bin" / "python3.11", "3.11")
+    done = _dev(project, python=python)
+    assert "./dev: .venv is a Python 3.11 venv from an older ./dev: keeping it as .venv-3.11" in done.stderr
+    assert os.readlink(project / ".venv") == ".venv-3.11"
+
+    other = _project(tmp_path / "other")
+    _fake_python(other / ".venv" / "bin" / "python", "3.10")
+    done = _dev(other, python=python)
+    assert done.returncode == 0, done.stderr
+    assert ("./dev: .venv was made with Python 3.10, which cerebras-tf does not support (Python 3.13, 3.12, 3.11): "
+            "removing it") in done.stderr
+    assert "creating .venv-3.11" in done.stderr and os.readlink(other / ".venv") == ".venv-3.11"
+
+
+def test_python_may_name_a_version(tmp_path):
+    project = _project(tmp_path)
+    bin_dir = tmp_path / "bin"
+    _fake_python(bin_dir / "python3.13", "3.13")
+    _fake_python(bin_dir / "python3.11", "3.11")
+    done = _dev(project, python="3.11", path=f"{bin_dir}:/usr/bin:/bin")
+    assert done.returncode == 0, done.stderr
+    assert os.readlink(project / ".venv") == ".venv-3.11"
+    missing = _dev(project, python="3.12", path=f"{bin_dir}:/usr/bin:/bin")
+    assert missing.returncode == 2 and "PYTHON=3.12: no Python 3.12 found" in missing.stderr

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from estimator import ModeKeys
 from cerebras_tf import CSEstimatorSpec, errors
 
 THIS_FILE = __file__
@@ -62,7 +63,7 @@ def xy_input_fn(params):
     return tf.data.Dataset.from_tensor_slices((X, Y)).repeat().batch(4, drop_remainder=True)
 
 
-@pytest.mark.parametrize("mode", [tf.estimator.ModeKeys.TRAIN, tf.estimator.ModeKeys.EVAL])
+@pytest.mark.parametrize("mode", [ModeKeys.TRAIN, ModeKeys.EVAL])
 def test_eval_metric_ops_are_reported_where_the_first_metric_is_built(make_estimator, mode):
     estimator = make_estimator(metric_model_fn)
     problem = refused(lambda: estimator.compile(xy_input_fn, validate_only=True, mode=mode),

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import estimator as estimator_api
+from estimator import Estimator
 from cerebras_tf import CerebrasEstimator
 
 SEED = 42
@@ -30,7 +31,7 @@ def trained(tmp_path_factory, build_estimator, make_model_fn, make_input_fn) -> 
     return estimator.train(make_input_fn(), max_steps=STEPS)
 
 
-def _numpy_predictions(estimator: tf.estimator.Estimator, x: np.ndarray) -> np.ndarray:
+def _numpy_predictions(estimator: Estimator, x: np.ndarray) -> np.ndarray:
     """The MLP of make_model_fn, in numpy, with the estimator's latest checkpoint."""
     value = estimator.get_variable_value
     hidden = np.maximum(x @ value("hidden/kernel") + value("hidden/bias"), 0.0)

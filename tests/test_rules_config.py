@@ -11,6 +11,7 @@ import tensorflow as tf
 from tensorflow.python.distribute.distribute_config import DistributeConfig  # no public alias in TF 2.15
 
 import estimator as estimator_api
+from estimator import ModeKeys, RunConfig
 from cerebras_tf import CSRunConfig, errors, set_default_tf_config
 from cerebras_tf.rules.config import MIN_SAVE_CHECKPOINTS_STEPS
 
@@ -44,7 +45,7 @@ def test_each_unsupported_run_config_parameter_is_refused_on_cs(make_estimator, 
 
 
 def test_plain_run_config_default_checkpoint_secs_is_refused(make_estimator, make_input_fn, assert_refused):
-    plain = tf.estimator.RunConfig()
+    plain = RunConfig()
     assert plain.save_checkpoints_secs == 600  # tf.estimator's default, which the CS system does not support
     estimator = make_estimator(config=plain)
     assert_refused(estimator, errors.ConfigError, lambda: estimator.compile(make_input_fn(), validate_only=True),
@@ -136,7 +137,7 @@ def test_compile_does_not_need_tf_config_but_its_report_warns_that_training_will
     assert "TF_CONFIG" not in head
     assert warning.message in warnings and "train(use_cs=True)" in warnings
     _valid_tf_config_in(warnings)
-    evaluation = estimator.compile(make_input_fn(), validate_only=True, mode=tf.estimator.ModeKeys.EVAL)
+    evaluation = estimator.compile(make_input_fn(), validate_only=True, mode=ModeKeys.EVAL)
     assert not evaluation.warnings  # evaluation does not need TF_CONFIG
 
     tf_config.set()

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from estimator import EstimatorSpec, ModeKeys
 from cerebras_tf import errors
 
-ModeKeys = tf.estimator.ModeKeys
 
 NOT_A_DATASET = "[Unsupported TensorFlow] Input function must return a tf.data.Dataset"
 INCONSISTENT_BATCH = (
@@ -75,7 +75,7 @@ def _nest_model_fn(features, labels, mode, params):
     loss = tf.compat.v1.losses.mean_squared_error(target, predictions)
     train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
         loss, global_step=tf.compat.v1.train.get_global_step())
-    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op, predictions=predictions)
+    return EstimatorSpec(mode, loss=loss, train_op=train_op, predictions=predictions)
 
 
 _IDS = np.arange(8 * 3, dtype=np.int32).reshape(8, 3) % 5

@@ -7,9 +7,9 @@ import pytest
 import tensorflow as tf
 
 import estimator as estimator_api
+from estimator import ModeKeys
 from cerebras_tf import errors
 
-ModeKeys = tf.estimator.ModeKeys
 
 EVAL_METRIC_OPS_IN_TRAINING = "[Unsupported TensorFlow] Detected unsupported eval_metric_ops in CS system training run."
 

@@ -11,6 +11,7 @@ import re
 import pytest
 import tensorflow as tf
 
+from estimator import RunConfig
 from cerebras_tf import CSRunConfig, errors
 from cerebras_tf import cluster as cluster_module
 from cerebras_tf import run_config as run_config_module
@@ -30,7 +31,7 @@ TWO_WORKERS = json.dumps({"cluster": {"chief": ["127.0.0.1:2222"], "worker": ["1
 
 
 def test_a_plain_run_config_resolves_to_the_cs_defaults():
-    settings = CSSettings.resolve(tf.estimator.RunConfig(), environ={})
+    settings = CSSettings.resolve(RunConfig(), environ={})
     assert not settings.on_cs_system
     assert (settings.cs_ip, settings.system_name, settings.fabric, settings.half_dtype) == (None, None, WSE2, None)
     assert (settings.num_csx, settings.execution_strategy, settings.created_at) == (1, PIPELINE, None)

@@ -56,7 +56,7 @@ _REDUCE: dict[str, Any] = {"static": {1: "axis"}}
 
 LIBRARY: dict[str, KernelDef] = {
     # element-wise, unary
-    **{t: _k(t.lower()) for t in ("Neg", "Exp", "Log", "Log1p", "Erf", "Tanh", "Sigmoid", "Relu", "Relu6",
+    **{t: _k(t.lower()) for t in ("Neg", "Exp", "Log", "Log1p", "Erf", "Erfc", "Tanh", "Sigmoid", "Relu", "Relu6",
                                   "Elu", "Selu", "Softplus", "Rsqrt", "Sqrt", "Square", "Abs", "Sign",
                                   "Reciprocal", "Floor", "Ceil", "Round", "Sin", "Cos")},
     "LeakyRelu": _k("leaky_relu", "alpha"),

@@ -200,8 +200,8 @@ class Program:
         """Write program.json and constants.npz into `directory`; returns the file names."""
         with open(os.path.join(directory, PROGRAM_FILE), "w", encoding="utf-8") as f:
             f.write(self.to_json())
-        np.savez(os.path.join(directory, CONSTANTS_FILE),
-                 **{array_key(tid): np.asarray(a) for tid, a in self.arrays.items()})
+        arrays: dict[str, Any] = {array_key(tid): np.asarray(a) for tid, a in self.arrays.items()}
+        np.savez(os.path.join(directory, CONSTANTS_FILE), **arrays)
         return [PROGRAM_FILE, CONSTANTS_FILE]
 
     @classmethod

@@ -43,7 +43,7 @@ def _kinds(category: str, names: str) -> dict[str, str]:
 KINDS: dict[str, str] = {
     **_kinds("elementwise", """
         abs add add_n band_part bias_add cast ceil clip_by_value cos cumsum div div_no_nan elu elu_grad
-        equal erf exp floor floor_div floor_mod greater greater_equal is_finite is_nan leaky_relu
+        equal erf erfc exp floor floor_div floor_mod greater greater_equal is_finite is_nan leaky_relu
         leaky_relu_grad less less_equal log log1p logical_and logical_not logical_or maximum minimum mul
         mul_no_nan neg not_equal ones_like pow reciprocal reciprocal_grad relu relu6 relu6_grad relu_grad
         round rsqrt rsqrt_grad select selu selu_grad sigmoid sigmoid_grad sign sin softplus softplus_grad

@@ -195,8 +195,9 @@ def render_placement_png(report: "PlacementReport", *, dpi: int = 110, show_path
         f"limited by {_BOUND_NAMES.get(report.limiting_bound, report.limiting_bound)}, placement efficiency "
         f"{report.placement_efficiency:.3f}, fill {report.fill_latency_steps} steps"), fontsize=9)
 
-    legend = dict(fontsize=_KEY_FONT, frameon=False, loc="upper left", handlelength=1.6, handletextpad=0.5,
-                  borderaxespad=0.0, borderpad=0.0, title_fontsize=_KEY_FONT + 0.5, alignment="left")
+    legend: dict[str, Any] = dict(fontsize=_KEY_FONT, frameon=False, loc="upper left", handlelength=1.6,
+                                  handletextpad=0.5, borderaxespad=0.0, borderpad=0.0,
+                                  title_fontsize=_KEY_FONT + 0.5, alignment="left")
     layers_top = bottom - below_axes
     handles = [Patch(facecolor=c, edgecolor="none", label=label) for label, c in zip(layer_labels, colours)]
     fig.legend(handles=handles, ncol=columns, columnspacing=1.2, bbox_to_anchor=(_LEFT / fig_w, layers_top / fig_h),

@@ -5,9 +5,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from cerebras_tf import CSEstimatorSpec
+from cerebras_tf import CSEstimatorSpec, ModeKeys
 
-ModeKeys = tf.estimator.ModeKeys
 _ACTIVATIONS = {"relu": tf.nn.relu, "tanh": tf.nn.tanh, "gelu": tf.nn.gelu}
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from cerebras_tf import CSEstimatorSpec
+from cerebras_tf import CSEstimatorSpec, ModeKeys
 
 DEFAULT_PARAMS: dict[str, Any] = {
     "batch_size": 4,
@@ -38,7 +38,7 @@ def input_fn(params: dict[str, Any]) -> tf.data.Dataset:
 
 def model_fn(features: tf.Tensor, labels: tf.Tensor, mode: str, params: dict[str, Any]) -> CSEstimatorSpec:
     p = {**DEFAULT_PARAMS, **params}
-    training = mode == tf.estimator.ModeKeys.TRAIN
+    training = mode == ModeKeys.TRAIN
     f1, f2, f3 = p["filters"]
     x = tf.compat.v1.layers.conv2d(features, f1, 3, padding="same", use_bias=False, name="conv1")
     x = tf.compat.v1.layers.batch_normalization(x, training=training, name="bn1")  # fused
@@ -54,7 +54,7 @@ def model_fn(features: tf.Tensor, labels: tf.Tensor, mode: str, params: dict[str
     x = tf.compat.v1.layers.flatten(x, name="flatten")
     logits = tf.compat.v1.layers.dense(x, p["num_classes"], name="logits")
     predictions = {"classes": tf.argmax(logits, axis=-1), "logits": logits}
-    if mode == tf.estimator.ModeKeys.PREDICT:
+    if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions=predictions)
 
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)

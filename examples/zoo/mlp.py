@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from cerebras_tf import CSEstimatorSpec
+from cerebras_tf import CSEstimatorSpec, ModeKeys
 
 DEFAULT_PARAMS: dict[str, Any] = {
     "batch_size": 8,
@@ -45,7 +45,7 @@ def _gelu_dense(x: tf.Tensor, units: int, name: str) -> tf.Tensor:
 
 def model_fn(features: tf.Tensor, labels: tf.Tensor, mode: str, params: dict[str, Any]) -> CSEstimatorSpec:
     p = {**DEFAULT_PARAMS, **params}
-    training = mode == tf.estimator.ModeKeys.TRAIN
+    training = mode == ModeKeys.TRAIN
     h1, h2, h3 = p["hidden_sizes"]
     x = tf.compat.v1.layers.dense(features, h1, activation=tf.nn.relu, name="dense1")
     x = tf.compat.v1.layers.dropout(x, rate=p["dropout_rate"], training=training, name="dropout1")
@@ -54,7 +54,7 @@ def model_fn(features: tf.Tensor, labels: tf.Tensor, mode: str, params: dict[str
     logits = tf.compat.v1.layers.dense(x, p["num_classes"], name="logits")
     probabilities = tf.nn.softmax(logits)
     predictions = {"classes": tf.argmax(logits, axis=-1), "probabilities": probabilities}
-    if mode == tf.estimator.ModeKeys.PREDICT:
+    if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions=predictions)
 
     onehot = tf.one_hot(labels, p["num_classes"])

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from cerebras_tf import CSEstimatorSpec
+from cerebras_tf import CSEstimatorSpec, ModeKeys
 
 DEFAULT_PARAMS: dict[str, Any] = {
     "batch_size": 4,
@@ -160,9 +160,9 @@ def _adam_weight_decay(loss: tf.Tensor, p: dict[str, Any]) -> tf.Operation:
 
 def model_fn(features: tf.Tensor, labels: tf.Tensor, mode: str, params: dict[str, Any]) -> CSEstimatorSpec:
     p = {**DEFAULT_PARAMS, **params}
-    training = mode == tf.estimator.ModeKeys.TRAIN
+    training = mode == ModeKeys.TRAIN
     sequence, table = _encoder(features, p, training)
-    if mode == tf.estimator.ModeKeys.PREDICT:
+    if mode == ModeKeys.PREDICT:
         output = tf.reshape(sequence, [p["batch_size"], p["seq_length"], -1])
         return CSEstimatorSpec(mode, predictions={"sequence_output": output})
     loss, logits = _masked_lm_loss(sequence, table, labels, p)

@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 from benchmarks.summaries import read_scalars
+from estimator import Estimator, EstimatorSpec, RunConfig, SessionRunHook
 import cerebras_tf
 from cerebras_tf import CerebrasEstimator, CSRunConfig, amp, cs_training, set_default_tf_config
 from cerebras_tf.amp import GradScaler
@@ -67,10 +68,10 @@ def _model_fn(features, labels, mode, params):
         scaler = GradScaler(**params["scaler"]) if params["scaler"] is not None else None
         optimizer = tf.compat.v1.train.AdamOptimizer(0.01)
         train_op = amp.optimizer_step(loss, optimizer, scaler, **params.get("clip", {}))
-    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+    return EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
-class _Recorder(tf.estimator.SessionRunHook):
+class _Recorder(SessionRunHook):
     """Every global variable and the loss-scale state, before the first step and after each step."""
 
     def begin(self):
@@ -85,8 +86,8 @@ class _Recorder(tf.estimator.SessionRunHook):
 
 
 def _train_on_cpu(model_dir, params, steps=STEPS):
-    estimator = tf.estimator.Estimator(_model_fn, model_dir=str(model_dir), params=params,
-                                       config=tf.estimator.RunConfig(tf_random_seed=1, save_summary_steps=1))
+    estimator = Estimator(_model_fn, model_dir=str(model_dir), params=params,
+                          config=RunConfig(tf_random_seed=1, save_summary_steps=1))
     recorder = _Recorder()
     estimator.train(_input_fn, max_steps=steps, hooks=[recorder])
     return estimator, recorder.states

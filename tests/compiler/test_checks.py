@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from estimator import ModeKeys
 from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, ir
 from cerebras_tf.errors import UnsupportedOpError
 
@@ -158,7 +159,7 @@ def test_the_program_hash_covers_messages_and_lines(tmp_path, first, second):
     def hash_of(checks):
         estimator = CerebrasEstimator(_model_fn(checks), model_dir=str(tmp_path / "model"),
                                       config=CSRunConfig(cs_ip="localhost:9000"), params={})
-        return program_hash(precheck(estimator, _input_fn, tf.estimator.ModeKeys.TRAIN))
+        return program_hash(precheck(estimator, _input_fn, ModeKeys.TRAIN))
 
     assert hash_of(first) != hash_of(second)
     assert hash_of(first) == hash_of(first)

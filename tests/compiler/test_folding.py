@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from estimator import EstimatorSpec, ModeKeys
 from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig
 from cerebras_tf.compiler import compile_model, fold
 from cerebras_tf.errors import DynamicShapeError
@@ -28,7 +29,7 @@ def _model_fn(features, labels, mode, params):
     x = tf.cond(tf.constant(True), lambda: x, lambda: x * 0.0)  # static predicate: folded away
     logits = tf.compat.v1.layers.dense(x, 3, name="logits")
     predictions = {"classes": tf.argmax(logits, axis=-1)}
-    if mode == tf.estimator.ModeKeys.PREDICT:
+    if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions=predictions)
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
     step = tf.compat.v1.train.get_global_step()
@@ -55,7 +56,7 @@ def test_shape_math_folds_to_static_attrs_and_splats(tmp_path):
 
 
 def test_predict_program_outputs_predictions(tmp_path):
-    model = precheck(_estimator(tmp_path), _input_fn, tf.estimator.ModeKeys.PREDICT)
+    model = precheck(_estimator(tmp_path), _input_fn, ModeKeys.PREDICT)
     program = compile_model(model).program
     assert set(program.outputs) == {"predictions/classes"}
     assert set(program.inputs) == {"features"}
@@ -72,7 +73,7 @@ def test_a_dimension_still_dynamic_after_folding_fails_naming_it():
     graph = tf.Graph()
     with graph.as_default():
         features = tf.compat.v1.placeholder(tf.float32, [4, None], name="features")
-        spec = tf.estimator.EstimatorSpec("infer", predictions={"y": tf.nn.relu(features)})
+        spec = EstimatorSpec("infer", predictions={"y": tf.nn.relu(features)})
     model = CapturedModel(CapturedInput(graph, "infer", None, None), features, None, spec)
     with pytest.raises(DynamicShapeError) as info:
         compile_model(model, validate_only=True)

@@ -16,6 +16,8 @@ import runtime_models as models
 from estimator import run_config_value, runtime
 from estimator.runtime import Estimator, EstimatorSpec, ModeKeys, RunConfig, WarmStartSettings
 
+_NEEDS_TFE = "compares with tf.estimator: needs tensorflow-estimator (the Python 3.11 / TF 2.15 stack)"
+
 
 @pytest.fixture(autouse=True)
 def _no_tf_config(monkeypatch):
@@ -204,14 +206,14 @@ def test_warm_start_settings():
 
 def test_tf_estimator_specs_are_accepted(tmp_path):
     """On TF 2.15 a model_fn returning tf.estimator's EstimatorSpec runs on the runtime unchanged."""
-    tfe = pytest.importorskip("tensorflow_estimator").estimator
+    tfe = pytest.importorskip("tensorflow_estimator", reason=_NEEDS_TFE).estimator
     estimator = Estimator(models.dense_model_fn(tfe, layers=False), model_dir=str(tmp_path), params={})
     estimator.train(models.input_fn(), steps=2)
     assert estimator.evaluate(models.input_fn(), steps=1)["global_step"] == 2
 
 
 def test_tf_estimator_run_configs_are_accepted(tmp_path):
-    tfe = pytest.importorskip("tensorflow_estimator").estimator
+    tfe = pytest.importorskip("tensorflow_estimator", reason=_NEEDS_TFE).estimator
     config = tfe.RunConfig(tf_random_seed=4, save_checkpoints_steps=7, keep_checkpoint_max=2)
     estimator = Estimator(models.dense_model_fn(runtime, layers=False), model_dir=str(tmp_path), config=config,
                           params={})

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-pytest.importorskip("tensorflow_estimator")
+pytest.importorskip("tensorflow_estimator",
+                    reason="parity with tf.estimator needs tensorflow-estimator (the Python 3.11 / TF 2.15 stack)")
 from tensorflow_estimator import estimator as tfe  # noqa: E402
 
 from estimator import runtime  # noqa: E402

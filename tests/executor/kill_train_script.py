@@ -16,6 +16,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 import tensorflow as tf
+from estimator import EstimatorSpec, ModeKeys
 
 CS_IP = "localhost:9000"
 BATCH = 8
@@ -33,12 +34,12 @@ def model_fn(features, labels, mode, params):
                                        kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=1))
     predictions = tf.compat.v1.layers.dense(hidden, 1, name="output",
                                             kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=2))
-    if mode == tf.estimator.ModeKeys.PREDICT:
-        return tf.estimator.EstimatorSpec(mode, predictions={"y": predictions})
+    if mode == ModeKeys.PREDICT:
+        return EstimatorSpec(mode, predictions={"y": predictions})
     loss = tf.compat.v1.losses.mean_squared_error(labels, predictions)
     optimizer = tf.compat.v1.train.AdamOptimizer(params.get("learning_rate", 1e-3))
     train_op = optimizer.minimize(loss, global_step=tf.compat.v1.train.get_global_step())
-    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op, predictions={"y": predictions})
+    return EstimatorSpec(mode, loss=loss, train_op=train_op, predictions={"y": predictions})
 
 
 def make_estimator(model_dir: str):

@@ -1,6 +1,6 @@
 """Acceptance tests of the simulated WSE (issue 4), through the public API only.
 
-CerebrasEstimator / CSRunConfig / cerebras_tf.amp, checked against plain tf.estimator.Estimator on CPU:
+CerebrasEstimator / CSRunConfig / cerebras_tf.amp, checked against plain Estimator on CPU:
 
 - float32 numerics (`amp.set_half_dtype("float32")`): a whole 50-step Adam run of an MLP matches the
   Estimator step by step (loss sequence, final weights and optimizer slots);
@@ -22,6 +22,7 @@ import pytest
 import tensorflow as tf
 
 from benchmarks.summaries import read_scalars as scalars
+from estimator import Estimator, EstimatorSpec
 import cerebras_tf
 import estimator as estimator_api
 from cerebras_tf import CerebrasEstimator, CSRunConfig, amp, set_default_tf_config
@@ -105,7 +106,7 @@ def _parity_model_fn(features, labels, mode, params):
                                        kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=13))
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
     train_op = tf.compat.v1.train.AdamOptimizer(0.01).minimize(loss, global_step=tf.compat.v1.train.get_global_step())
-    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+    return EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
 @pytest.mark.parametrize("host_kernels", ["numpy", "tensorflow"])
@@ -262,7 +263,7 @@ def test_a_run_killed_at_random_moments_leaves_a_loadable_checkpoint_and_resumes
             assert f"Restoring the simulated WSE's weights from {os.path.join(model_dir, 'model.ckpt-')}" \
                 in log_path.read_text()
         # Plain TF on CPU loads it.
-        plain = tf.estimator.Estimator(script.model_fn, model_dir=model_dir, params={})
+        plain = Estimator(script.model_fn, model_dir=model_dir, params={})
         assert plain.evaluate(script.input_fn, steps=2)["global_step"] == step
     assert steps_seen == sorted(steps_seen) and steps_seen[-1] > steps_seen[0]  # each run resumed and went on
 
@@ -280,13 +281,13 @@ def test_plain_estimator_predict_and_export_saved_model_read_the_checkpoint(tmp_
     hidden = np.maximum(x @ weights["hidden/kernel"] + weights["hidden/bias"], 0)
     expected = hidden @ weights["output/kernel"] + weights["output/bias"]
 
-    plain = tf.estimator.Estimator(script.model_fn, model_dir=model_dir, params={})
+    plain = Estimator(script.model_fn, model_dir=model_dir, params={})
     predicted = np.stack([p["y"] for p in plain.predict(lambda: tf.data.Dataset.from_tensor_slices(x).batch(3))])
     np.testing.assert_allclose(predicted, expected, rtol=1e-5, atol=1e-6)
 
     def serving_input_receiver_fn():
         features = tf.compat.v1.placeholder(tf.float32, [None, 4], name="features")
-        return tf.estimator.export.TensorServingInputReceiver(features, {"features": features})
+        return estimator_api.export.TensorServingInputReceiver(features, {"features": features})
 
     export_dir = plain.export_saved_model(str(tmp_path / "export"), serving_input_receiver_fn)
     served = tf.saved_model.load(export_dir).signatures["serving_default"](features=tf.constant(x))

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from estimator import ModeKeys
 import cerebras_tf
 import estimator as estimator_api
 from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, set_default_tf_config
@@ -253,7 +254,7 @@ def _eval_model_fn(features, labels, mode, params):
     """An assertion on the labels in EVAL mode, one on the predictions in PREDICT mode."""
     predictions = tf.compat.v1.layers.dense(features, 1, name="out",
                                             kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=7))
-    if mode == tf.estimator.ModeKeys.PREDICT:
+    if mode == ModeKeys.PREDICT:
         with tf.control_dependencies([tf.debugging.assert_less(predictions, 3.0)]):
             return CSEstimatorSpec(mode, predictions={"y": tf.identity(predictions)})
     with tf.control_dependencies([tf.debugging.assert_less(labels, 3.0, message="label out of range")]):

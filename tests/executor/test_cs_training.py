@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from estimator import Estimator
 import cerebras_tf
 from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, cs_training, set_default_tf_config
 from test_executor import _input_fn, _model_fn  # the same small MLP as the executor tests
@@ -34,7 +35,7 @@ def test_training_on_the_system_learns_and_plain_tensorflow_reads_the_checkpoint
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("model.ckpt-150")
     assert os.path.exists(tmp_path / "model.ckpt-100.index")  # save_checkpoints_steps
 
-    plain = tf.estimator.Estimator(_model_fn, model_dir=str(tmp_path), params={})
+    plain = Estimator(_model_fn, model_dir=str(tmp_path), params={})
     before = CerebrasEstimator(_model_fn, model_dir=str(tmp_path / "untrained"), params={})
     before.train(_input_fn, max_steps=1)
     metrics = plain.evaluate(_input_fn, steps=4)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from estimator import ModeKeys
 import cerebras_tf
 import estimator as estimator_api
 from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, cs_training, set_default_tf_config
@@ -84,7 +85,7 @@ def model_fn(features, labels, mode, params):
     pooled = tf.compat.v1.layers.dense(sequence[:, 0], HIDDEN, activation=tf.tanh, kernel_initializer=init,
                                        name="pooler")
     nsp_logits = tf.compat.v1.layers.dense(pooled, 2, kernel_initializer=init, name="nsp")
-    if mode == tf.estimator.ModeKeys.PREDICT:
+    if mode == ModeKeys.PREDICT:
         return CSEstimatorSpec(mode, predictions={
             "masked_lm_predictions": tf.reshape(tf.argmax(mlm_logits, axis=-1, output_type=tf.int32),
                                                 [-1, MAX_PREDICTIONS]),
@@ -98,7 +99,7 @@ def model_fn(features, labels, mode, params):
     nsp_loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(next_sentence, nsp_logits)
     loss = mlm_loss + nsp_loss
     train_op = None
-    if mode == tf.estimator.ModeKeys.TRAIN:
+    if mode == ModeKeys.TRAIN:
         optimizer = tf.compat.v1.train.AdamOptimizer(0.01)
         # Dense embedding gradients: the CS system has no kernel for the sparse update's tf.unique.
         grads = [(tf.convert_to_tensor(g), v) for g, v in optimizer.compute_gradients(loss)]

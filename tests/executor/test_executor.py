@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from estimator import EstimatorSpec
 from cerebras_tf import CerebrasEstimator, CSRunConfig
 from cerebras_tf.amp import GradScaler, round_to_half
 from cerebras_tf.compiler import initial
@@ -39,7 +40,7 @@ def _model_fn(features, labels, mode, params):
     opt = (tf.compat.v1.train.AdamOptimizer(0.01) if optimizer == "adam"
            else tf.compat.v1.train.MomentumOptimizer(0.05, 0.9))
     train_op = opt.minimize(loss, global_step=tf.compat.v1.train.get_global_step())
-    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+    return EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
 def _compiled(tmp_path, casts: bool, optimizer: str = "adam", model_fn=_model_fn, input_fn=_input_fn,

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from estimator import Estimator, EstimatorSpec, RunConfig
 from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, set_default_tf_config
 from cerebras_tf import ir
 from cerebras_tf.errors import CerebrasError, HostCallError, MultipleProblemsError
@@ -178,7 +179,7 @@ def _summary_model_fn(image=False):
         if image:
             tf.compat.v1.summary.image("inputs", tf.reshape(features, [BATCH, 2, 5, 1]))
         train_op = optimizer.apply_gradients(grads_and_vars, global_step=global_step)
-        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+        return EstimatorSpec(mode, loss=loss, train_op=train_op)
 
     return model_fn
 
@@ -196,7 +197,7 @@ def _events(model_dir):
 def test_model_fn_summaries_are_written_like_the_estimator_at_its_summary_steps(tmp_path):
     cs_dir, cpu_dir = str(tmp_path / "cs"), str(tmp_path / "cpu")
     _cs(_summary_model_fn(), cs_dir, save_summary_steps=4, log_step_count_steps=5).train(_input_fn, max_steps=10)
-    tf.estimator.Estimator(_summary_model_fn(), model_dir=cpu_dir, config=tf.estimator.RunConfig(
+    Estimator(_summary_model_fn(), model_dir=cpu_dir, config=RunConfig(
         tf_random_seed=1, save_summary_steps=4, log_step_count_steps=5)).train(_input_fn, max_steps=10)
 
     on_system, on_cpu = _events(cs_dir), _events(cpu_dir)

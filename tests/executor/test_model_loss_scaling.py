@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from estimator import Estimator, EstimatorSpec, RunConfig
 from cerebras_tf import CerebrasEstimator, CSRunConfig, amp, cs_training, set_default_tf_config
 from cerebras_tf.compiler import initial
 from cerebras_tf.precheck import precheck
@@ -96,7 +97,7 @@ def _model_fn(features, labels, mode, params):
         optimizer = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
             tf.compat.v1.train.MomentumOptimizer(learning_rate, 0.9), SCALES[params["scale"]][1]())
         train_op = optimizer.minimize(loss, global_step=step)
-    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op, predictions=predictions)
+    return EstimatorSpec(mode, loss=loss, train_op=train_op, predictions=predictions)
 
 
 @pytest.fixture(autouse=True)
@@ -174,8 +175,8 @@ def test_training_with_the_model_loss_scale_matches_the_estimator(tmp_path, scal
     with caplog.at_level(logging.INFO):
         _cs_estimator(cs_dir, scale, save_checkpoints_steps=100).train(_input_fn, max_steps=STEPS, use_cs=True)
     assert "does its own loss scaling" in caplog.text
-    cpu = tf.estimator.Estimator(_model_fn, model_dir=str(cpu_dir), params={"scale": scale},
-                                 config=tf.estimator.RunConfig(tf_random_seed=1))
+    cpu = Estimator(_model_fn, model_dir=str(cpu_dir), params={"scale": scale},
+                    config=RunConfig(tf_random_seed=1))
     cpu.train(_input_fn, max_steps=STEPS)
 
     cs_final, cpu_final = _checkpoint(cs_dir), _checkpoint(cpu_dir)
@@ -189,7 +190,7 @@ def test_training_with_the_model_loss_scale_matches_the_estimator(tmp_path, scal
     def eval_input_fn(params):
         return _input_fn(params).take(OVERFLOW_BATCH)
 
-    evaluated = tf.estimator.Estimator(_model_fn, model_dir=str(cs_dir), params={"scale": scale}).evaluate(
+    evaluated = Estimator(_model_fn, model_dir=str(cs_dir), params={"scale": scale}).evaluate(
         eval_input_fn)
     reference = cpu.evaluate(eval_input_fn)
     assert evaluated["global_step"] == STEPS

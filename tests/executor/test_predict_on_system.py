@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from estimator import ModeKeys
 from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, amp, set_default_tf_config
 from cerebras_tf.errors import RunArgumentError
 from cerebras_tf.wse import system
@@ -27,7 +28,7 @@ def _model_fn(features, labels, mode, params):
     init = tf.compat.v1.glorot_uniform_initializer(seed=5)
     hidden = tf.compat.v1.layers.dense(features, 16, activation=tf.nn.relu, kernel_initializer=init, name="fc1")
     logits = tf.compat.v1.layers.dense(hidden, 2, kernel_initializer=init, name="logits")
-    if mode == tf.estimator.ModeKeys.PREDICT:
+    if mode == ModeKeys.PREDICT:
         if params.get("single"):
             return CSEstimatorSpec(mode, predictions=logits)
         return CSEstimatorSpec(mode, predictions={"classes": tf.argmax(logits, axis=-1),

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from benchmarks.summaries import read_scalars as scalars
+from estimator import Estimator, EstimatorSpec
 from cerebras_tf import CerebrasEstimator, CSRunConfig, cs_training, set_default_tf_config
 from cerebras_tf.errors import InputWorkerError
 from cerebras_tf.input_workers import Cluster
@@ -35,7 +36,7 @@ def model_fn(features, labels, mode, params):
     logits = tf.compat.v1.layers.dense(hidden, 2, kernel_initializer=init, name="logits")
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
     train_op = tf.compat.v1.train.AdamOptimizer(0.01).minimize(loss, global_step=tf.compat.v1.train.get_global_step())
-    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+    return EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
 @pytest.fixture(autouse=True)
@@ -69,7 +70,7 @@ def train(model_dir, max_steps, **config):
 
 
 def cpu_loss(model_dir) -> float:
-    evaluation = tf.estimator.Estimator(model_fn, model_dir=str(model_dir), params={})
+    evaluation = Estimator(model_fn, model_dir=str(model_dir), params={})
     return evaluation.evaluate(lambda params: input_fn(params).take(8), steps=8)["loss"]
 
 

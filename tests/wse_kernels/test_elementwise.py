@@ -12,7 +12,7 @@ R = tf.raw_ops
 F = np.float32
 
 UNARY = {
-    "neg": R.Neg, "exp": R.Exp, "log": R.Log, "log1p": R.Log1p, "erf": R.Erf, "tanh": R.Tanh,
+    "neg": R.Neg, "exp": R.Exp, "log": R.Log, "log1p": R.Log1p, "erf": R.Erf, "erfc": R.Erfc, "tanh": R.Tanh,
     "sigmoid": R.Sigmoid, "relu": R.Relu, "relu6": R.Relu6, "elu": R.Elu, "selu": R.Selu,
     "softplus": R.Softplus, "rsqrt": R.Rsqrt, "sqrt": R.Sqrt, "square": R.Square, "abs": R.Abs,
     "sign": R.Sign, "reciprocal": R.Reciprocal, "floor": R.Floor, "ceil": R.Ceil, "round": R.Round,

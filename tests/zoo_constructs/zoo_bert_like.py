@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from estimator import ModeKeys
 from cerebras_tf import CSEstimatorSpec
 
 DEFAULT_PARAMS: dict[str, Any] = {
@@ -235,7 +236,7 @@ def model_fn(features, labels, mode, params):
     tf.compat.v1.summary.scalar("train/cost_masked_lm", mlm_loss)
 
     train_op = host_call = None
-    if mode == tf.estimator.ModeKeys.TRAIN:
+    if mode == ModeKeys.TRAIN:
         lr = learning_rate(params["learning_rate"])
         tf.compat.v1.summary.scalar("train/lr", lr)
         optimizer = _optimizer(params, lr)
@@ -243,7 +244,7 @@ def model_fn(features, labels, mode, params):
         tf.compat.v1.summary.scalar("train/unclipped_grad_norm",
                                     tf.linalg.global_norm([g for g, _ in grads_and_vars]))
         train_op = optimizer.apply_gradients(grads_and_vars, tf.compat.v1.train.get_global_step())
-    elif mode == tf.estimator.ModeKeys.EVAL:
+    elif mode == ModeKeys.EVAL:
         mlm_pred = tf.argmax(mlm_logits, axis=-1, output_type=tf.int32)
         host_call = (eval_metrics, [(nsp_logits, mlm_pred, mlm_xentr), labels, features])
     return CSEstimatorSpec(mode=mode, loss=total_loss, train_op=train_op, host_call=host_call)

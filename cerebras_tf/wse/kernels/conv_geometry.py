@@ -121,8 +121,8 @@ def im2col(x: np.ndarray, g: Geom, reuse: bool = False) -> np.ndarray:
     until the next reusing call: for patches that never leave the kernel."""
     xp = g.pad(x, scratch("conv_padded", g.padded_shape(), x.dtype) if reuse else None)
     window = ((g.kh - 1) * g.dh + 1, (g.kw - 1) * g.dw + 1)
-    # numpy 1.26's stubs type `axis` as one index; a tuple of axes is documented and works.
-    view = sliding_window_view(xp, window, axis=(1, 2))  # type: ignore[call-overload]
+    # numpy 1.26's stubs type `axis` as one index (numpy 2's do not); a tuple of axes is documented and works.
+    view = sliding_window_view(xp, window, axis=(1, 2))  # type: ignore[call-overload, unused-ignore]
     view = view[:, : (g.oh - 1) * g.sh + 1: g.sh, : (g.ow - 1) * g.sw + 1: g.sw, :, ::g.dh, ::g.dw]
     view = view.transpose(0, 1, 2, 4, 5, 3)
     if not reuse:

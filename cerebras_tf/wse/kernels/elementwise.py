@@ -13,13 +13,18 @@ import numpy as np
 from cerebras_tf.amp.dtypes import round_to_half
 from cerebras_tf.wse.kernels._registry import KernelContext, KernelFn, np_dtype, register
 
-try:  # scipy ships with the test extras; fall back to math.erf (exact, slower) without it
+try:  # scipy ships with the test extras; fall back to math.erf/erfc (exact, slower) without it
     from scipy.special import erf as _erf
+    from scipy.special import erfc as _erfc
 except ImportError:  # pragma: no cover
     _erf_vec = np.frompyfunc(math.erf, 1, 1)
+    _erfc_vec = np.frompyfunc(math.erfc, 1, 1)
 
     def _erf(x: np.ndarray) -> np.ndarray:
-        return _erf_vec(np.asarray(x, np.float64)).astype(np.float64)
+        return np.asarray(_erf_vec(np.asarray(x, np.float64)), np.float64)
+
+    def _erfc(x: np.ndarray) -> np.ndarray:  # not 1 - erf(x): that loses every digit for large x
+        return np.asarray(_erfc_vec(np.asarray(x, np.float64)), np.float64)
 
 SELU_SCALE = 1.0507009873554804934193349852946
 SELU_ALPHA = 1.6732632423543772848170429916717
@@ -49,6 +54,7 @@ _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "log": np.log,
     "log1p": np.log1p,
     "erf": _same(_erf),
+    "erfc": _same(_erfc),  # tf.nn.gelu's exact form on TF >= 2.16: 0.5 * x * erfc(-x / sqrt(2))
     "tanh": np.tanh,
     "sigmoid": lambda x: _same(lambda y: 1.0 / (1.0 + np.exp(-y.astype(np.float64))))(x),
     "relu": lambda x: np.maximum(x, np.zeros((), x.dtype)),
