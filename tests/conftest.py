@@ -52,34 +52,6 @@ def _make_data() -> Data:
 
 DATA = _make_data()
 
-# Tests of Estimator features the runtime (estimator/runtime/, used on TF >= 2.16) does not have yet: they skip
-# there until it has them (issue 12's export branch: export_saved_model, train_and_evaluate), and run on
-# tf.estimator. Test name -> (the feature, whether the Estimator in use has it).
-_RUNTIME_FEATURES = {
-    "test_plain_estimator_predict_and_export_saved_model_read_the_checkpoint": "export_saved_model",
-    "test_export_saved_model_serves_the_trained_model": "export_saved_model",
-    "test_train_and_evaluate_works_on_cpu": "train_and_evaluate",
-    "test_train_and_evaluate_is_refused_on_cs": "train_and_evaluate",
-}
-
-
-def _has_feature(feature: str) -> bool:
-    import estimator
-    from estimator import runtime
-
-    if estimator.BACKEND != "runtime":
-        return True
-    return hasattr(runtime.Estimator, feature) or hasattr(runtime, feature)
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        feature = _RUNTIME_FEATURES.get(item.originalname or item.name)
-        if feature is not None and not _has_feature(feature):
-            item.add_marker(pytest.mark.skip(
-                reason=f"cerebras-tf's Estimator runtime has no {feature} yet (issue 12: the export branch)"))
-
-
 @pytest.fixture(scope="session")
 def data() -> Data:
     return DATA

@@ -228,11 +228,15 @@ def test_tf_print_writes_what_tf_writes_to_the_same_streams(tmp_path, capfd):
     assert cs_out == cpu_out and len(cs_out) == 5
     # stderr: one line per step, v1 Print on the first 3 steps, the branch's print on even steps (0, 2, 4);
     # TF runs independent prints in any order, so compare the lines of each print
+    # On TF 2.21 (Python 3.12) the CPU run now and then loses its first stderr print (seen 1 run in 12; cause
+    # not found): every line TF printed must be ours, in order, and ours has every step's line.
     for prefix, count in (("PRINT stderr step", 5), ("PRINT v1 ", 3), ("PRINT even step", 3)):
         lines = [line for line in cs_err if line.startswith(prefix)]
-        assert lines == [line for line in cpu_err if line.startswith(prefix)] and len(lines) == count, prefix
+        tf_lines = [line for line in cpu_err if line.startswith(prefix)]
+        assert len(lines) == count and tf_lines == lines[len(lines) - len(tf_lines):], prefix
+        assert len(tf_lines) >= count - 1, prefix
     assert "PRINT even step 2" in cs_err
-    assert len(cs_err) == len(cpu_err) == 11
+    assert len(cs_err) == 11 and len(cpu_err) in (10, 11)
 
 
 def test_a_print_that_waits_for_a_failing_assertion_does_not_print(tmp_path, capfd):
