@@ -12,7 +12,7 @@ from cerebras_tf import logs, rules
 from cerebras_tf.amp.tf_loss_scaling import STATE_SCOPE as LOSS_SCALE_SCOPE
 from cerebras_tf.compiler.driver import CompileResult, compile_model, program_hash
 from cerebras_tf.cs_training import checkpoint_to_evaluate, evaluate_on_system, predict_on_system, train_on_system
-from cerebras_tf.errors import CerebrasError, raise_problems
+from cerebras_tf.errors import CerebrasError, EstimatorArgumentError, raise_problems
 from cerebras_tf.precheck import precheck
 from cerebras_tf.run_config import CSRunConfig
 from cerebras_tf.settings import CSSettings
@@ -60,6 +60,12 @@ class CerebrasEstimator(EstimatorBase):
         params: dict[str, Any] | None = None,
         warm_start_from: Any = None,
     ) -> None:
+        if not callable(model_fn):  # tf.estimator fails inside inspect with "unsupported callable"
+            raise EstimatorArgumentError(
+                f"model_fn must be a function (features, labels, mode, params, config), got "
+                f"{type(model_fn).__name__} {model_fn!r:.80}.", where=caller_location(),
+                fix="Pass the model function itself: CerebrasEstimator(model_fn=my_model_fn, ...), not its result "
+                    "or its name.")
         super().__init__(
             model_fn=model_fn,
             model_dir=model_dir,

@@ -233,3 +233,21 @@ def test_use_cs_without_a_cs_ip_says_so_in_one_line(model_dir, caplog, config, l
     assert len(lines) == 1 and lines[0].levelno == level and words in lines[0].getMessage()
     assert lines[0].getMessage().startswith("train(use_cs=True) runs on CPU/GPU with the plain Estimator")
     assert np.isfinite(est.evaluate(regression_input_fn(), steps=1)["loss"])
+
+
+# --------------------------------------------------------------------------- model_fn
+
+
+@pytest.mark.parametrize("model_fn, shown", [
+    (None, "got NoneType None"),
+    ("model_fn", "got str 'model_fn'"),
+    (5, "got int 5"),
+])
+def test_a_model_fn_that_is_not_callable_is_refused_where_the_estimator_is_built(tmp_path, model_fn, shown):
+    model_dir = tmp_path / "model"
+    with pytest.raises(EstimatorArgumentError) as info:
+        CerebrasEstimator(model_fn, model_dir=str(model_dir))  # not callable
+    message = str(info.value)
+    assert "model_fn must be a function" in message and shown in message
+    assert _line_of("CerebrasEstimator(model_fn, model_dir=str(model_dir))  # not callable") in message
+    assert not model_dir.exists()
