@@ -8,6 +8,7 @@ tf.estimator.export's on TF <= 2.15, estimator.runtime.export's otherwise
 from typing import Any
 
 from estimator.api import export_namespace as _namespace
+from estimator.runtime import export as _runtime_export
 
 ServingInputReceiver: Any = _namespace.ServingInputReceiver
 TensorServingInputReceiver: Any = _namespace.TensorServingInputReceiver
@@ -19,14 +20,5 @@ ClassificationOutput: Any = _namespace.ClassificationOutput
 RegressionOutput: Any = _namespace.RegressionOutput
 EvalOutput: Any = _namespace.EvalOutput
 
-__all__ = [
-    "ClassificationOutput",
-    "EvalOutput",
-    "ExportOutput",
-    "PredictOutput",
-    "RegressionOutput",
-    "ServingInputReceiver",
-    "TensorServingInputReceiver",
-    "build_parsing_serving_input_receiver_fn",
-    "build_raw_serving_input_receiver_fn",
-]
+# the same names as the runtime's own estimator.runtime.export
+__all__ = list(_runtime_export.__all__)
