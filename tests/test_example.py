@@ -185,7 +185,11 @@ def test_max_steps_already_reached_says_why_nothing_ran(params, tmp_path, capsys
 
 
 # TensorFlow's C++ start-up lines (cuDNN/cuFFT/cuBLAS registration) are not ours to silence.
-_CPP_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] ")
+# TF 2.15 writes them as "2026-11-23 14:50:03.108907: I ...", TF 2.21 through absl's C++ log before it is
+# initialised: "I0000 00:00:1795454925.932721    4869 port.cc:153] ..." after a "WARNING: All log messages
+# before absl::InitializeLog() ..." line.
+_CPP_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] |[IWEF]0000 00:00:\d+\.\d+ "
+                       r"|WARNING: All log messages before absl::InitializeLog\(\) is called)")
 _LOG_RECORD = re.compile(r"^(INFO|WARNING|ERROR):tensorflow:")
 _ABSL_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\]")
 # What the three runs print beyond TF's C++ lines (~45 when this was written; ~490 before the log was
