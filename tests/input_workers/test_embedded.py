@@ -160,7 +160,9 @@ def test_a_lost_embedded_worker_warns_and_the_stream_continues():
         with warnings.catch_warnings(record=True) as caught:  # before the stop: the monitor may warn at once
             warnings.simplefilter("always")
             stream.servers.stop_worker(1)
-            _read_until(stream, lambda: bool(stream.stats().lost_workers))
+            # the monitor thread records the loss, then warns: wait for the warning too, inside this block
+            _read_until(stream, lambda: bool(stream.stats().lost_workers)
+                        and any(issubclass(w.category, InputWorkerWarning) for w in caught))
         _drain(stream, lost)
         before = stream.stats().samples_per_worker
         for _ in range(50):
