@@ -7,13 +7,15 @@ tf.estimator.export's on TF <= 2.15, estimator.runtime.export's otherwise
 """
 from typing import Any
 
+from estimator.api import (  # noqa: F401 - re-exported
+    ServingInputReceiver,
+    TensorServingInputReceiver,
+    build_parsing_serving_input_receiver_fn,
+    build_raw_serving_input_receiver_fn,
+)
 from estimator.api import export_namespace as _namespace
 from estimator.runtime import export as _runtime_export
 
-ServingInputReceiver: Any = _namespace.ServingInputReceiver
-TensorServingInputReceiver: Any = _namespace.TensorServingInputReceiver
-build_raw_serving_input_receiver_fn: Any = _namespace.build_raw_serving_input_receiver_fn
-build_parsing_serving_input_receiver_fn: Any = _namespace.build_parsing_serving_input_receiver_fn
 ExportOutput: Any = _namespace.ExportOutput
 PredictOutput: Any = _namespace.PredictOutput
 ClassificationOutput: Any = _namespace.ClassificationOutput

@@ -52,17 +52,16 @@ def verify_model_fn_args(model_fn: Callable[..., Any], params: Any) -> None:
         raise ValueError(f"model_fn ({model_fn}) has following not expected args: {unexpected}")
 
 
+def _named(args: Any, **values: Any) -> dict[str, Any]:
+    """The values whose names the function's parameters `args` include (how the Estimator passes them)."""
+    return {name: value for name, value in values.items() if name in args}
+
+
 def call_input_fn(input_fn: Callable[..., Any], mode: str, params: Any, config: Any,
                   input_context: Any = None) -> Any:
     """input_fn(**the arguments it names), built on the CPU as tf.estimator builds input pipelines."""
     args = fn_args(input_fn)
-    kwargs: dict[str, Any] = {}
-    if "mode" in args:
-        kwargs["mode"] = mode
-    if "params" in args:
-        kwargs["params"] = params
-    if "config" in args:
-        kwargs["config"] = config
+    kwargs = _named(args, mode=mode, params=params, config=config)
     if input_context is not None and "input_context" in args:
         tf.compat.v1.logging.info("The `input_fn` accepts an `input_context` which will be given by "
                                   "DistributionStrategy")
@@ -80,12 +79,7 @@ def call_model_fn(model_fn: Callable[..., Any], features: Any, labels: Any, mode
         kwargs["labels"] = labels
     elif labels is not None:
         raise ValueError("model_fn does not take labels, but input_fn returns labels.")
-    if "mode" in args:
-        kwargs["mode"] = mode
-    if "params" in args:
-        kwargs["params"] = params
-    if "config" in args:
-        kwargs["config"] = config
+    kwargs.update(_named(args, mode=mode, params=params, config=config))
     tf.compat.v1.logging.info("Calling model_fn.")
     result = model_fn(features=features, **kwargs)
     tf.compat.v1.logging.info("Done calling model_fn.")
