@@ -35,14 +35,19 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from cerebras_tf.amp import FLOAT32_MODE, GradScaler, get_half_dtype, round_to_half
+from cerebras_tf.amp import FLOAT32_MODE, GradScaler, get_half_dtype
 from cerebras_tf import ir
 from cerebras_tf.wse.kernels import KERNELS, NUMPY_HOST_KERNELS, HostKernels, KernelContext, KernelInputError, np_dtype
-from cerebras_tf.wse.threads import map_elementwise
+from cerebras_tf.wse.kernels.half import round_half
 
 # Kinds whose output may be a view of (or the same array as) an input.
 _MAY_ALIAS = frozenset({"reshape", "squeeze", "expand_dims", "unstack", "split", "split_v", "slice",
                         "strided_slice", "cast", "to_half"})
+# Kinds whose outputs are always new arrays, computed here: a to_half that reads one last may round it in place.
+_FRESH_OUTPUT = frozenset({"matmul", "batch_matmul", "conv2d", "conv2d_backprop_input", "conv2d_backprop_filter",
+                           "depthwise_conv2d", "depthwise_conv2d_backprop_input", "depthwise_conv2d_backprop_filter",
+                           "relu", "relu_grad", "max_pool", "max_pool_grad", "avg_pool", "avg_pool_grad", "add_n",
+                           "fused_batch_norm", "fused_batch_norm_grad", "bias_add", "add", "sub", "mul"})
 
 
 @dataclasses.dataclass
@@ -99,6 +104,7 @@ class Executor:
         self._keep = set(program.outputs.values()) | set(program.gradients)
         self._last_use = self._last_uses()
         self._shared_reads = self._reads_without_copy()
+        self._rounded_in_place = self._to_half_in_place()
         self._scale: float | None = None
         self._plans = tuple(self._plan(kernels) for kernels in self._phases)
 
@@ -204,10 +210,22 @@ class Executor:
         return [np.full(out.shape, value, dtype=np_dtype(out.dtype))]
 
     def _to_half(self, inputs: list[np.ndarray], attrs: Mapping, ctx: KernelContext) -> list[np.ndarray]:
+        x = inputs[0]
         if self.half_dtype == FLOAT32_MODE:
-            return [inputs[0]]
-        half = self.half_dtype
-        return [map_elementwise(lambda x, out: round_to_half(x, half, out), np.asarray(inputs[0], dtype=np.float32))]
+            return [x]
+        in_place = (ctx.salt in self._rounded_in_place and x.dtype == np.float32 and x.flags.c_contiguous
+                    and x.flags.writeable)
+        return [round_half(x, self.half_dtype, out=x if in_place else None)]
+
+    def _to_half_in_place(self) -> set[int]:
+        """to_half kernels that may round their input in place: it is a new array a kernel of _FRESH_OUTPUT
+        made, no kernel views it, the to_half reads it last and it is not streamed out."""
+        producer = {t: k.kind for phase in self._phases for k in phase for t in k.outputs}
+        viewed = {t for phase in self._phases for k in phase if k.kind in _MAY_ALIAS and k.kind != "to_half"
+                  for t in k.inputs}
+        return {k.id for phase in self._phases for k in phase
+                if k.kind == "to_half" and (t := k.inputs[0]) not in viewed and t not in self._keep
+                and producer.get(t) in _FRESH_OUTPUT and self._last_use.get(t) == k.id}
 
     def _reads_without_copy(self) -> set[int]:
         """read_variable kernels whose value (or a view of it) no kernel uses after the variable is

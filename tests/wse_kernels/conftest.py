@@ -30,3 +30,13 @@ def host_kernels(request, monkeypatch):
         from cerebras_tf.host_kernels_tf import TENSORFLOW_HOST_KERNELS as provider
     monkeypatch.setattr(kernel_helpers, "HOST_KERNELS", provider)
     return provider
+
+
+@pytest.fixture(params=["numba", "numpy"])
+def jit(request):
+    """Each implementation of the memory-bound kernels in turn: their numba loops, then their numpy code
+    (cerebras_tf/wse/kernels/_jit.py)."""
+    from cerebras_tf.wse.kernels import _jit
+
+    with _jit.use_jit(request.param == "numba"):
+        yield request.param

@@ -113,7 +113,7 @@ def test_apply_gradient_descent(rng):
 
 
 @pytest.mark.parametrize("nesterov", [False, True])
-def test_apply_momentum(nesterov, rng):
+def test_apply_momentum(nesterov, rng, jit):
     _compare("apply_momentum", R.ResourceApplyMomentum, 2,
              lambda s, sh: [F(0.05), rng.normal(size=sh).astype(F), F(0.9)],
              ["var", "accum", "lr", "grad", "momentum"], {"use_nesterov": nesterov}, rng)
@@ -137,7 +137,7 @@ def test_sparse_apply_momentum(nesterov, indices, rng):
 
 @pytest.mark.parametrize("shape", [(5, 7), (600, 300)])  # the big one is split across host threads
 @pytest.mark.parametrize("nesterov", [False, True])
-def test_apply_adam(nesterov, shape, rng):
+def test_apply_adam(nesterov, shape, rng, jit):
     b1, b2 = F(0.9), F(0.999)
 
     def inputs(step, shape):

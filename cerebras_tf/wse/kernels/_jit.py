@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, TypeVar, cast
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 ENV_VAR = "CEREBRAS_TF_JIT"
 
+_numba: Any
 try:  # pragma: no cover - exercised by which stack is installed
     import numba as _numba
 except ImportError:  # pragma: no cover
@@ -54,5 +55,4 @@ def jit(fn: F) -> F:
     `fn` itself when numba is missing (then `enabled()` is False and no kernel calls it)."""
     if _numba is None:  # pragma: no cover
         return fn
-    compiled: F = _numba.njit(cache=True, nogil=True, fastmath=False, error_model="numpy")(fn)
-    return compiled
+    return cast(F, _numba.njit(cache=True, nogil=True, fastmath=False, error_model="numpy")(fn))

@@ -10,8 +10,9 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from cerebras_tf.amp.dtypes import round_to_half
+from cerebras_tf.amp import get_half_dtype
 from cerebras_tf.wse.kernels._registry import KernelContext, KernelFn, np_dtype, register
+from cerebras_tf.wse.kernels.half import round_half
 
 try:  # scipy ships with the test extras; fall back to math.erf/erfc (exact, slower) without it
     from scipy.special import erf as _erf
@@ -108,9 +109,9 @@ def cast(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext)
     x = np.asarray(inputs[0])
     to = str(attrs["to"])
     if to == "half":
-        return [round_to_half(x)]
+        return [round_half(x, get_half_dtype())]
     if to in ("bfloat16", "cbfloat16"):
-        return [round_to_half(x, to)]
+        return [round_half(x, to)]
     dtype = np_dtype(to)
     if dtype == np.bool_:
         return [x != 0]

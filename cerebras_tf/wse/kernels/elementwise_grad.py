@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._registry import KernelContext, register
 from cerebras_tf.wse.kernels._select import keep_where
 from cerebras_tf.wse.kernels.elementwise import SELU_ALPHA, SELU_SCALE
@@ -20,11 +21,21 @@ def _zero(x: np.ndarray) -> np.ndarray:
     return np.zeros((), x.dtype)
 
 
+@_jit.jit
+def _relu_grad(g: np.ndarray, f: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled by numba
+    zero = g.dtype.type(0)
+    for i in range(g.size):
+        out[i] = g[i] if f[i] > 0 else zero
+
+
 @register("relu_grad")
 def relu_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    """g where the feature is > 0 (NaN and inf included), +0 elsewhere."""
     g, f = inputs
     if g.shape != f.shape:
         return [keep_where(f > 0, g)]
+    if _jit.enabled() and g.dtype == f.dtype and g.dtype in (np.float32, np.float64):
+        return [map_elementwise(_relu_grad, g, f)]
     return [map_elementwise(lambda g_, f_, out: keep_where(f_ > 0, g_, out), g, f)]
 
 

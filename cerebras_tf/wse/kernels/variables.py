@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._registry import KernelContext, register
 from cerebras_tf.wse.kernels.data import gather
 from cerebras_tf.wse.threads import split_range
@@ -78,6 +79,11 @@ def apply_momentum(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Kern
     (nesterov: var -= g*lr + accum*m*lr)."""
     var, accum = ctx.variables[:2]
     lr, grad, mom = _s(inputs[0], var), inputs[1], _s(inputs[2], var)
+    if _jit.enabled() and _flat_together(var, accum, grad):
+        fv, fa, fg = (a.reshape(-1) for a in (var, accum, grad))
+        nesterov = bool(attrs.get("use_nesterov"))
+        split_range(var.size, lambda lo, hi: _momentum(fv[lo:hi], fa[lo:hi], fg[lo:hi], lr, mom, nesterov))
+        return []
     accum *= mom
     accum += grad
     if attrs.get("use_nesterov"):
@@ -85,6 +91,22 @@ def apply_momentum(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Kern
     else:
         var -= accum * lr
     return []
+
+
+def _flat_together(var: np.ndarray, *others: np.ndarray) -> bool:
+    """Whether the update can walk every operand as one flat array: same shape and dtype, C-contiguous."""
+    return var.dtype in (np.float32, np.float64) and all(
+        a.shape == var.shape and a.dtype == var.dtype and a.flags.c_contiguous for a in (var, *others))
+
+
+@_jit.jit
+def _momentum(var: np.ndarray, accum: np.ndarray, g: np.ndarray, lr: Any, mom: Any,
+              nesterov: bool) -> None:  # pragma: no cover - compiled by numba
+    """apply_momentum's numpy operations, element by element in the same order."""
+    for i in range(var.size):
+        a = accum[i] * mom + g[i]
+        accum[i] = a
+        var[i] = var[i] - (g[i] * lr + (a * mom) * lr if nesterov else a * lr)
 
 
 @register("apply_keras_momentum")
@@ -133,9 +155,29 @@ def apply_adam(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelCo
         _adam_update(var, m, v, grad, alpha, b1, b2, eps, nesterov)
         return []
     fv, fm, fvv, fg = (a.reshape(-1) for a in (var, m, v, grad))  # views: the update lands in the variables
+    if _jit.enabled() and _flat_together(var, m, v, grad):
+        c1, c2 = one - b1, one - b2
+        split_range(var.size, lambda lo, hi: _adam(fv[lo:hi], fm[lo:hi], fvv[lo:hi], fg[lo:hi], alpha, b1, c1, c2, eps,
+                                                   nesterov))
+        return []
     split_range(var.size, lambda lo, hi: _adam_update(fv[lo:hi], fm[lo:hi], fvv[lo:hi], fg[lo:hi], alpha, b1, b2, eps,
                                                       nesterov))
     return []
+
+
+@_jit.jit
+def _adam(var: np.ndarray, m: np.ndarray, v: np.ndarray, g: np.ndarray, alpha: Any, b1: Any, c1: Any, c2: Any,
+          eps: Any, nesterov: bool) -> None:  # pragma: no cover - compiled by numba
+    """_adam_update's numpy operations, element by element in the same order (c1 = 1 - b1, c2 = 1 - b2)."""
+    for i in range(var.size):
+        gi = g[i]
+        mi = m[i] + (gi - m[i]) * c1
+        m[i] = mi
+        vi = v[i] + (gi * gi - v[i]) * c2
+        v[i] = vi
+        denom = np.sqrt(vi) + eps
+        step = ((gi * c1 + b1 * mi) * alpha if nesterov else mi * alpha) / denom
+        var[i] = var[i] - step
 
 
 def _adam_update(var: np.ndarray, m: np.ndarray, v: np.ndarray, g: np.ndarray, alpha: Any, b1: Any, b2: Any,

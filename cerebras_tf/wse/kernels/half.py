@@ -1,0 +1,91 @@
+"""Rounding float32 values to the half dtype in one pass: the executor's `to_half` and `cast` to half.
+
+`cerebras_tf.amp.round_to_half` is the reference (numpy, several passes over
+uint32 views); the numba loops here compute the same bits element by element
+(the same float32 operations in the same order), split across the host's
+cores. `round_half` picks the loop or the reference (`_jit.enabled()`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cerebras_tf.amp import FLOAT32_MODE, half_format, round_to_half
+from cerebras_tf.wse.kernels import _jit
+from cerebras_tf.wse.kernels._scratch import scratch
+from cerebras_tf.wse.threads import split_range
+
+_MANTISSA_BITS = 23
+_EXPONENT_MASK = np.uint32(0x7F800000)
+_SIGN_MASK = np.uint32(0x80000000)
+
+
+_BLOCK = 2048  # elements per block: the three passes of a block stay in L1
+
+
+@_jit.jit
+def _round_narrow(x: np.ndarray, xu: np.ndarray, ru: np.ndarray, block: np.ndarray, block_bits: np.ndarray,
+                  lo: np.uint32, hi: np.uint32, step: np.uint32, up: np.float32,
+                  down: np.float32) -> None:  # pragma: no cover - compiled by numba
+    """amp.dtypes._round_narrow block by block (xu: x's bits, ru: the output's bits, may be xu; block and
+    block_bits: one float32 work block and its bits): C = 2**(clip(exponent(|x|)) + shift), |x| + C - C
+    rounds to the format's quantum, two exact scalings overflow what is out of range to inf, then x's sign.
+    Each inner loop is simple enough for the compiler to vectorise (which views made inside would stop)."""
+    n = x.size
+    for start in range(0, n, block.size):
+        m = min(block.size, n - start)
+        xs, xus, rus = x[start:start + m], xu[start:start + m], ru[start:start + m]
+        for j in range(m):
+            block_bits[j] = min(max(xus[j] & _EXPONENT_MASK, lo), hi) + step
+        for j in range(m):
+            big = block[j]
+            block[j] = (((abs(xs[j]) + big) - big) * up) * down
+        for j in range(m):
+            rus[j] = block_bits[j] | (xus[j] & _SIGN_MASK)
+
+
+@_jit.jit
+def _round_bfloat16(x: np.ndarray, xu: np.ndarray, ru: np.ndarray) -> None:  # pragma: no cover - numba
+    """amp.dtypes._round_bfloat16 per element: round-to-nearest-even on the top 16 bits; NaN kept."""
+    for i in range(x.size):
+        u = xu[i]
+        ru[i] = u if x[i] != x[i] else (((u >> 16) & 1) + u + 0x7FFF) & 0xFFFF0000
+
+
+def round_half(x: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.ndarray:
+    """`amp.round_to_half(x, dtype)` as float32 of x's shape, into `out` when given (x itself allowed:
+    then x is rounded in place; otherwise out must not overlap x), on every core for a big x."""
+    in_place = out is x
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if out is None:
+        out = np.empty(x.shape, np.float32)
+    flat, flat_out = x.reshape(-1), out.reshape(-1)
+    if dtype == FLOAT32_MODE:
+        if flat_out is not flat:
+            np.copyto(flat_out, flat)
+        return out
+    fmt = half_format(dtype)
+    if not _jit.enabled():
+        split_range(flat.size, lambda lo, hi: _reference(flat[lo:hi], flat_out[lo:hi], dtype, in_place))
+    xu, ru = flat.view(np.uint32), flat_out.view(np.uint32)
+    if fmt.exponent_bits == 8:
+        split_range(flat.size, lambda lo, hi: _round_bfloat16(flat[lo:hi], xu[lo:hi], ru[lo:hi]))
+        return out
+    shift = _MANTISSA_BITS - fmt.mantissa_bits
+    lo_bits = np.uint32((fmt.min_exponent + 127) << _MANTISSA_BITS)
+    hi_bits = np.uint32((254 - shift) << _MANTISSA_BITS)  # keeps C finite; such |x| overflow the format anyway
+    step = np.uint32(shift << _MANTISSA_BITS)
+    up, down = np.float32(2.0 ** (127 - fmt.bias)), np.float32(2.0 ** (fmt.bias - 127))
+
+    def work(lo: int, hi: int) -> None:
+        block = scratch("round_half", (_BLOCK,))
+        _round_narrow(flat[lo:hi], xu[lo:hi], ru[lo:hi], block, block.view(np.uint32), lo_bits, hi_bits, step, up,
+                      down)
+    split_range(flat.size, work)
+    return out
+
+
+def _reference(x: np.ndarray, out: np.ndarray, dtype: str, in_place: bool) -> None:
+    if in_place:  # round_to_half needs distinct arrays
+        np.copyto(out, round_to_half(x, dtype))
+    else:
+        round_to_half(x, dtype, out)

@@ -1,0 +1,90 @@
+"""The numba loops of the memory-bound kernels give the numpy code's result bit for bit (wse/kernels/_jit.py).
+
+The numpy code is the one the TF-comparison tests check (they run both ways through the `jit` fixture);
+here every loop meets its numpy twin on inputs made to hit the edges: NaN, inf, signed zeros,
+subnormals, values beyond the half format's range, and arrays big enough to be split across threads.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernel_helpers import run
+
+from cerebras_tf.amp import round_to_half
+from cerebras_tf.wse.kernels import _jit
+from cerebras_tf.wse.kernels.half import round_half
+
+F = np.float32
+
+
+def _edgy(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Normal values over a wide exponent range, random bit patterns (NaN payloads among them), the edges."""
+    wide = (rng.normal(size=n) * np.exp(rng.uniform(-40, 40, n))).astype(F)
+    bits = rng.integers(0, 2 ** 32, n // 8, dtype=np.uint64).astype(np.uint32).view(F)
+    edges = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 65504, 65520, 65519.99, -65520, 6e-8, 2.9e-8,
+                      3e-8, 1e-45, -1e-45, 3.4e38, 1.0 + 2 ** -11, 1.0 + 3 * 2 ** -11], F)
+    x = np.concatenate([wide, bits, edges])
+    rng.shuffle(x)
+    return x
+
+
+def _both(fn):
+    with _jit.use_jit(True):
+        fast = fn()
+    with _jit.use_jit(False):
+        slow = fn()
+    return fast, slow
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> None:
+    assert a.dtype == b.dtype and a.shape == b.shape
+    np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+@pytest.mark.parametrize("half", ["float16", "bfloat16", "cbfloat16"])
+@pytest.mark.parametrize("n", [1, 2047, 2049, 300_001])  # around a block; split across threads
+def test_half_rounding_is_the_reference_bit_for_bit(half, n, rng):
+    x = _edgy(rng, n)[:n].reshape(-1, 1)
+    fast, slow = _both(lambda: round_half(x, half))
+    _same_bits(fast, round_to_half(x, half))
+    _same_bits(slow, round_to_half(x, half))
+    in_place = x.copy()
+    with _jit.use_jit(True):
+        assert round_half(in_place, half, out=in_place) is in_place
+    _same_bits(in_place, fast)
+
+
+def test_relu_grad_is_the_reference_bit_for_bit(rng):
+    g, f = _edgy(rng, 200_000), _edgy(rng, 200_000)
+    fast, slow = _both(lambda: run("relu_grad", [g, f])[0])
+    _same_bits(fast, slow)
+    assert np.signbit(fast[f <= 0]).sum() == 0  # +0 where the gradient is dropped
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+@pytest.mark.parametrize("n", [7, 300_001])
+def test_optimizer_loops_are_the_reference_bit_for_bit(nesterov, n, rng):
+    """apply_momentum and apply_adam, six steps each (an inf, a NaN and a -0 gradient among them), every
+    variable and slot compared."""
+    grads = [rng.normal(size=n).astype(F) * F(10.0 ** k) for k in range(-3, 3)]
+    grads[2][:3] = [np.inf, np.nan, -0.0]
+    start = rng.normal(size=n).astype(F)
+
+    def momentum():
+        state = [start.copy(), np.zeros(n, F)]
+        for g in grads:
+            run("apply_momentum", [F(0.05), g, F(0.9)], {"use_nesterov": nesterov}, variables=state)
+        return state
+
+    def adam():
+        state = [start.copy(), np.zeros(n, F), np.zeros(n, F)]
+        for t, g in enumerate(grads, 1):
+            run("apply_adam", [F(0.9 ** t), F(0.999 ** t), F(0.01), F(0.9), F(0.999), F(1e-7), g],
+                {"use_nesterov": nesterov}, variables=state)
+        return state
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        for update in (momentum, adam):
+            fast, slow = _both(update)
+            for a, b in zip(fast, slow):
+                _same_bits(a, b)
