@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from cerebras_tf.wse.memory import empty_aligned
+
 MIN_ELEMENTS_PER_THREAD = 1 << 16  # below this, the thread hand-off costs more than it saves
 
 _pool: ThreadPoolExecutor | None = None
@@ -44,10 +46,10 @@ def split_range(size: int, work: Callable[[int, int], None]) -> None:
 
 
 def map_elementwise(fn: Callable[..., Any], *arrays: np.ndarray, dtype: Any = None) -> np.ndarray:
-    """A new array `out` (arrays[0]'s shape, `dtype` or arrays[0]'s) filled by `fn(*arrays, out=out)`
+    """A new (64-byte aligned) array `out` (arrays[0]'s shape, `dtype` or arrays[0]'s) filled by `fn(*arrays, out=out)`
     for same-shaped arrays, on flat slices in parallel when they are big; fn writes every element."""
     flats = [np.ascontiguousarray(a).reshape(-1) for a in arrays]
-    out = np.empty(arrays[0].shape, dtype or arrays[0].dtype)
+    out = empty_aligned(arrays[0].shape, dtype or arrays[0].dtype)
     flat_out = out.reshape(-1)
 
     def work(lo: int, hi: int) -> None:

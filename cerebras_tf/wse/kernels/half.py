@@ -12,6 +12,7 @@ import numpy as np
 from cerebras_tf.amp import FLOAT32_MODE, half_format, round_to_half
 from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._scratch import scratch
+from cerebras_tf.wse.memory import empty_aligned
 from cerebras_tf.wse.threads import split_range
 
 _MANTISSA_BITS = 23
@@ -57,7 +58,7 @@ def round_half(x: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.n
     in_place = out is x
     x = np.ascontiguousarray(x, dtype=np.float32)
     if out is None:
-        out = np.empty(x.shape, np.float32)
+        out = empty_aligned(x.shape, np.float32)
     flat, flat_out = x.reshape(-1), out.reshape(-1)
     if dtype == FLOAT32_MODE:
         if flat_out is not flat:

@@ -1,0 +1,26 @@
+"""empty_aligned: the arrays the executor hands TensorFlow's kernels start on a 64-byte boundary."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cerebras_tf.wse.kernels.half import round_half
+from cerebras_tf.wse.memory import ALIGNMENT, empty_aligned
+from cerebras_tf.wse.threads import map_elementwise
+
+
+@pytest.mark.parametrize("shape,dtype", [((3,), np.float32), ((64, 32, 32, 3), np.float32), (7, np.int64),
+                                         ((5, 1), np.float64), ((2, 3), np.bool_)])
+def test_empty_aligned_is_a_writable_c_array_on_a_64_byte_boundary(shape, dtype):
+    a = empty_aligned(shape, dtype)
+    assert a.ctypes.data % ALIGNMENT == 0
+    assert a.shape == ((shape,) if isinstance(shape, int) else shape) and a.dtype == dtype
+    assert a.flags.c_contiguous and a.flags.writeable
+    a[...] = 1
+    assert (a == 1).all()
+
+
+def test_the_rounded_and_elementwise_results_are_aligned():
+    x = np.arange(1, 100_001, dtype=np.float32)[1:]  # a view 4 bytes off its buffer's start
+    assert round_half(x, "float16").ctypes.data % ALIGNMENT == 0
+    assert map_elementwise(lambda a, out: np.negative(a, out=out), x).ctypes.data % ALIGNMENT == 0
