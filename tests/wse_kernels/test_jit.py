@@ -54,6 +54,12 @@ def test_half_rounding_is_the_reference_bit_for_bit(half, n, rng):
     _same_bits(in_place, fast)
 
 
+def test_relu_is_the_reference_bit_for_bit(rng):
+    x = _edgy(rng, 200_000)
+    fast, slow = _both(lambda: run("relu", [x])[0])
+    _same_bits(fast, slow)
+
+
 def test_relu_grad_is_the_reference_bit_for_bit(rng):
     g, f = _edgy(rng, 200_000), _edgy(rng, 200_000)
     fast, slow = _both(lambda: run("relu_grad", [g, f])[0])

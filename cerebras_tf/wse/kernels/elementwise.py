@@ -11,8 +11,10 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from cerebras_tf.amp import get_half_dtype
+from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._registry import KernelContext, KernelFn, np_dtype, register
 from cerebras_tf.wse.kernels.half import round_half
+from cerebras_tf.wse.threads import map_elementwise
 
 try:  # scipy ships with the test extras; fall back to math.erf/erfc (exact, slower) without it
     from scipy.special import erf as _erf
@@ -49,6 +51,20 @@ def _sign(x: np.ndarray) -> np.ndarray:
     return np.sign(x)
 
 
+@_jit.jit
+def _relu_loop(x: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled by numba
+    zero = x.dtype.type(0)
+    for i in range(x.size):
+        out[i] = x[i] if x[i] > 0 or x[i] != x[i] else zero
+
+
+def _relu(x: np.ndarray) -> np.ndarray:
+    """max(x, 0) as np.maximum gives it: NaN kept, -0 -> +0; one pass split across threads (numba)."""
+    if _jit.enabled() and x.dtype in (np.float32, np.float64):
+        return map_elementwise(_relu_loop, x)
+    return np.maximum(x, np.zeros((), x.dtype))
+
+
 _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "neg": np.negative,
     "exp": np.exp,
@@ -58,7 +74,7 @@ _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "erfc": _same(_erfc),  # tf.nn.gelu's exact form on TF >= 2.16: 0.5 * x * erfc(-x / sqrt(2))
     "tanh": np.tanh,
     "sigmoid": lambda x: _same(lambda y: 1.0 / (1.0 + np.exp(-y.astype(np.float64))))(x),
-    "relu": lambda x: np.maximum(x, np.zeros((), x.dtype)),
+    "relu": _relu,
     "relu6": lambda x: np.minimum(np.maximum(x, np.zeros((), x.dtype)), np.asarray(6, x.dtype)),
     "elu": lambda x: np.where(x < 0, np.expm1(x), x),
     "selu": lambda x: np.where(x < 0, (SELU_SCALE * SELU_ALPHA * np.expm1(x)).astype(x.dtype),
