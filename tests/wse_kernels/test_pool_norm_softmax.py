@@ -5,18 +5,29 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cerebras_tf.wse.kernels import KernelInputError
+from cerebras_tf.wse import threads
+from cerebras_tf.wse.kernels import KernelInputError, _jit
+from cerebras_tf.wse.kernels._split import split_units
 from kernel_helpers import check, run
 
 R = tf.raw_ops
 F = np.float32
+
+
+
+@pytest.fixture(params=[True, False], ids=["numba", "numpy"])
+def both_paths(request):
+    """The pooling and batch-norm kernels' numba loops, then their numpy code."""
+    with _jit.use_jit(request.param):
+        yield request.param
+
 
 POOLS = [((2, 8, 8, 3), 2, 2, "VALID"), ((2, 9, 7, 3), 3, 2, "SAME"), ((1, 6, 6, 2), 3, 1, "SAME"),
          ((2, 7, 7, 2), 3, 2, "VALID")]
 
 
 @pytest.mark.parametrize("case", POOLS, ids=range(len(POOLS)))
-def test_max_pool_and_grad(case, rng):
+def test_max_pool_and_grad(case, rng, both_paths):
     shape, k, s, padding = case
     x = rng.normal(size=shape).astype(F)
     attrs = {"ksize": [1, k, k, 1], "strides": [1, s, s, 1], "padding": padding, "data_format": "NHWC"}
@@ -28,7 +39,7 @@ def test_max_pool_and_grad(case, rng):
           R.MaxPoolGrad(orig_input=x, orig_output=y, grad=g, **kw), rtol=1e-6, atol=1e-6)
 
 
-def test_max_pool_grad_ties_go_to_first_max(rng):
+def test_max_pool_grad_ties_go_to_first_max(rng, both_paths):
     x = np.round(rng.normal(size=(2, 6, 6, 2))).astype(F)  # many ties
     x[0, :4, :4, 0] = 1.0
     attrs = {"ksize": [1, 3, 3, 1], "strides": [1, 1, 1, 1], "padding": "SAME"}
@@ -40,7 +51,7 @@ def test_max_pool_grad_ties_go_to_first_max(rng):
 
 
 @pytest.mark.parametrize("shape,padding", [((3, 9, 7, 4), "VALID"), ((3, 9, 7, 4), "SAME"), ((2, 8, 8, 5), "SAME")])
-def test_max_pool_grad_relu_ties_and_nonfinite_grads(shape, padding, rng):
+def test_max_pool_grad_relu_ties_and_nonfinite_grads(shape, padding, rng, both_paths):
     """After ReLU most 2x2 windows are all zero (ties); odd sizes crop (VALID) or pad (SAME);
     non-finite gradients are routed unchanged and never leak into other positions."""
     x = np.maximum(np.round(rng.normal(size=shape) * 2), 0).astype(F)
@@ -54,7 +65,7 @@ def test_max_pool_grad_relu_ties_and_nonfinite_grads(shape, padding, rng):
 
 
 @pytest.mark.parametrize("case", POOLS, ids=range(len(POOLS)))
-def test_avg_pool_and_grad(case, rng):
+def test_avg_pool_and_grad(case, rng, both_paths):
     shape, k, s, padding = case
     x = rng.normal(size=shape).astype(F)
     attrs = {"ksize": [1, k, k, 1], "strides": [1, s, s, 1], "padding": padding}
@@ -66,7 +77,7 @@ def test_avg_pool_and_grad(case, rng):
           R.AvgPoolGrad(orig_input_shape=list(shape), grad=g, **kw))
 
 
-def test_pool_nchw(rng):
+def test_pool_nchw(rng, both_paths):
     x = rng.normal(size=(2, 3, 6, 6)).astype(F)
     a = {"ksize": [1, 1, 2, 2], "strides": [1, 1, 2, 2], "padding": "VALID", "data_format": "NCHW"}
     nhwc = run("max_pool", [x.transpose(0, 2, 3, 1)], {"ksize": [1, 2, 2, 1], "strides": [1, 2, 2, 1],
@@ -76,7 +87,7 @@ def test_pool_nchw(rng):
 
 @pytest.mark.parametrize("factor", [1.0, 0.1])
 @pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
-def test_fused_batch_norm_training_and_grad(factor, fmt, rng):
+def test_fused_batch_norm_training_and_grad(factor, fmt, rng, both_paths):
     x = (rng.normal(size=(4, 5, 6, 3)) * 2 + 1).astype(F)
     if fmt == "NCHW":
         x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
@@ -99,7 +110,7 @@ def test_fused_batch_norm_training_and_grad(factor, fmt, rng):
         check(o, t, rtol=2e-5, atol=2e-5)
 
 
-def test_fused_batch_norm_inference_and_grad(rng):
+def test_fused_batch_norm_inference_and_grad(rng, both_paths):
     x = rng.normal(size=(4, 5, 6, 3)).astype(F)
     scale, offset = rng.normal(size=3).astype(F), rng.normal(size=3).astype(F)
     mean, var = rng.normal(size=3).astype(F), np.abs(rng.normal(size=3)).astype(F)
@@ -115,6 +126,108 @@ def test_fused_batch_norm_inference_and_grad(rng):
                                   reserve_space_3=theirs[5], epsilon=1e-3, is_training=False)
     for o, t in zip(g_ours[:3], g_tf[:3]):
         check(o, t, rtol=2e-5, atol=2e-5)
+
+
+def _pool_attrs(k: tuple[int, int], s: tuple[int, int], padding: str, fmt: str) -> dict:
+    if fmt == "NCHW":
+        return {"ksize": [1, 1, *k], "strides": [1, 1, *s], "padding": padding, "data_format": fmt}
+    return {"ksize": [1, *k, 1], "strides": [1, *s, 1], "padding": padding, "data_format": fmt}
+
+
+def _both_ways(kind: str, inputs: list, attrs: dict) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    with np.errstate(invalid="ignore"):  # inf - inf in the numpy code's gradient sums
+        with _jit.use_jit(True):
+            jitted = run(kind, inputs, attrs)
+        with _jit.use_jit(False):
+            plain = run(kind, inputs, attrs)
+    return jitted, plain
+
+
+def _assert_bits_equal(a: np.ndarray, b: np.ndarray) -> None:
+    assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, b.dtype, a.shape, b.shape)
+    words = np.dtype(f"u{a.dtype.itemsize}")
+    np.testing.assert_array_equal(np.ascontiguousarray(a).view(words), np.ascontiguousarray(b).view(words))
+
+
+POOL_GEOMETRIES = [((2, 2), (2, 2)), ((3, 3), (1, 1)), ((3, 3), (2, 2)), ((3, 2), (2, 1)), ((2, 3), (3, 3)),
+                   ((1, 1), (2, 2))]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+@pytest.mark.parametrize("geometry", POOL_GEOMETRIES, ids=[f"k{k[0]}x{k[1]}s{s[0]}x{s[1]}" for k, s in POOL_GEOMETRIES])
+def test_pool_numba_loops_are_bit_identical_to_numpy(geometry, padding, fmt, dtype, rng):
+    """Ties (rounded values, +0 and -0), NaN and infinities in x, non-finite and -0 gradients,
+    overlapping windows (stride < kernel), gaps (stride > kernel), padding, NCHW: the numba loops
+    give the numpy code's bits (float16 keeps the numpy code)."""
+    k, s = geometry
+    x = np.round(rng.normal(size=(3, 9, 8, 5)) * 1.5).astype(dtype)
+    zeros = np.flatnonzero(x == 0)
+    x.flat[zeros] = np.where(rng.random(zeros.size) < 0.5, -0.0, 0.0).astype(dtype)
+    x.flat[rng.choice(x.size, 6, replace=False)] = [np.nan, np.nan, -np.inf, -np.inf, np.inf, -np.inf]
+    if fmt == "NCHW":
+        x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+    attrs = _pool_attrs(k, s, padding, fmt)
+    y, y_plain = _both_ways("max_pool", [x], attrs)
+    _assert_bits_equal(y[0], y_plain[0])
+    g = rng.normal(size=y[0].shape).astype(dtype)
+    g.flat[:4] = [-0.0, np.inf, np.nan, -np.inf]
+    for kind, inputs, extra in (("max_pool_grad", [x, y[0], g], {}), ("avg_pool", [x], {}),
+                                ("avg_pool_grad", [g], {"orig_input_shape": list(x.shape)})):
+        jitted, plain = _both_ways(kind, inputs, {**attrs, **extra})
+        _assert_bits_equal(jitted[0], plain[0])
+
+
+@pytest.mark.parametrize("kind", ["max_pool", "max_pool_grad", "avg_pool", "avg_pool_grad"])
+def test_pool_numba_loops_split_across_threads_are_bit_identical(kind, rng, monkeypatch):
+    """Big enough to be split by image across several threads (three here, whatever the host has)."""
+    monkeypatch.setattr(threads, "host_threads", lambda: 3)
+    x = np.maximum(np.round(rng.normal(size=(5, 40, 40, 16))), 0).astype(F)  # ReLU-like: many ties
+    attrs = _pool_attrs((3, 3), (2, 2), "SAME", "NHWC")
+    y = run("max_pool", [x], attrs)[0]
+    g = rng.normal(size=y.shape).astype(F)
+    inputs = {"max_pool": [x], "max_pool_grad": [x, y, g], "avg_pool": [x], "avg_pool_grad": [g]}[kind]
+    jitted, plain = _both_ways(kind, inputs, {**attrs, "orig_input_shape": list(x.shape)})
+    _assert_bits_equal(jitted[0], plain[0])
+
+
+def test_split_units_covers_every_unit_once(monkeypatch):
+    monkeypatch.setattr(threads, "host_threads", lambda: 3)
+    monkeypatch.setattr(threads, "MIN_ELEMENTS_PER_THREAD", 1)
+    for units, size in ((0, 5), (1, 5), (2, 1), (7, 3), (100, 1), (5, 1000)):
+        seen: list[int] = []
+        split_units(units, size, lambda lo, hi, seen=seen: seen.extend(range(lo, hi)))
+        assert sorted(seen) == list(range(units))
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("shape,fmt,dtype", [((4, 5, 6, 3), "NHWC", F), ((3, 7, 4, 5), "NCHW", F),
+                                             ((16, 24, 24, 32), "NHWC", F), ((9, 700), "NHWC", F),
+                                             ((4, 5, 6, 3), "NHWC", np.float16)])
+def test_batch_norm_numba_loops_match_numpy(shape, fmt, dtype, training, rng, monkeypatch):
+    """The numba path sums in blocks of rows (another order than numpy's): equal within float32
+    rounding, relative to each output's magnitude; split across threads or not, the same bits."""
+    c = shape[1] if fmt == "NCHW" else shape[-1]
+    x = (rng.normal(size=shape) * 2 + 1).astype(dtype)
+    dy = rng.normal(size=shape).astype(dtype)
+    scale, offset = rng.normal(size=c).astype(F), rng.normal(size=c).astype(F)
+    mean, var = rng.normal(size=c).astype(F), np.abs(rng.normal(size=c)).astype(F)
+    attrs = {"epsilon": 1e-3, "exponential_avg_factor": 0.1, "data_format": fmt, "is_training": training}
+    fwd, fwd_plain = _both_ways("fused_batch_norm", [x, scale, offset, mean, var], attrs)
+    bwd, bwd_plain = _both_ways("fused_batch_norm_grad", [dy, x, scale, fwd[3], fwd[4], fwd[5]], attrs)
+    tol = 1e-6 if dtype == F else 1e-3  # float16 outputs: one half ulp may round either way
+    for ours, numpy_ in zip(fwd[:5] + bwd[:3], fwd_plain[:5] + bwd_plain[:3]):
+        assert ours.dtype == numpy_.dtype and ours.shape == numpy_.shape
+        o, n = ours.astype(np.float64), numpy_.astype(np.float64)
+        assert np.max(np.abs(o - n)) <= tol * np.max(np.abs(n)), np.max(np.abs(o - n)) / np.max(np.abs(n))
+    monkeypatch.setattr(threads, "host_threads", lambda: 3)
+    monkeypatch.setattr(threads, "MIN_ELEMENTS_PER_THREAD", 1)
+    with _jit.use_jit(True):
+        split = run("fused_batch_norm", [x, scale, offset, mean, var], attrs)
+        split += run("fused_batch_norm_grad", [dy, x, scale, fwd[3], fwd[4], fwd[5]], attrs)
+    for a, b in zip(split[:5] + split[6:9], fwd[:5] + bwd[:3]):
+        _assert_bits_equal(a, b)
 
 
 def test_softmax_family(rng):

@@ -5,6 +5,13 @@ saved_mean, saved_var, reserve[0]). Training: statistics over N, H, W in
 float32; batch_var is the Bessel-corrected variance (blended with the input
 running value when exponential_avg_factor != 1), saved_var the biased one.
 Inference: normalises with the given mean/variance, which are passed through.
+
+With numba (`_jit.enabled()`), the passes over x run as numba loops over the
+[rows, C] layout, split across the host's threads: the per-channel sums
+(of x, then of (x - mean)^2: the two-pass variance; of dy and dy * (x - mean)
+for the gradient) are float32 sums of fixed blocks of rows, the blocks' sums
+then added up by numpy, so the result does not depend on the number of threads;
+the elementwise passes apply the numpy code's formulas operation for operation.
 """
 from __future__ import annotations
 
@@ -13,9 +20,106 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._registry import KernelContext, register
+from cerebras_tf.wse.kernels._split import split_units
 
 _WIDE_ROW = 4096  # elements per row of the side-by-side view (_wide)
+_BLOCK_ROWS = 256  # rows per partial sum of the numba path (fixed: results never depend on the thread count)
+
+
+@_jit.jit
+def _block_sums(x2: np.ndarray, block: int, out: np.ndarray, lo: int, hi: int) -> None:
+    """out[b] = the float32 per-channel sum of rows [b * block, (b + 1) * block) of x2, for b in [lo, hi)."""
+    rows, c = x2.shape
+    for b in range(lo, hi):
+        acc = np.zeros(c, np.float32)
+        for r in range(b * block, min(rows, (b + 1) * block)):
+            for k in range(c):
+                acc[k] += x2[r, k]
+        out[b] = acc
+
+
+@_jit.jit
+def _block_centered_squares(x2: np.ndarray, mean: np.ndarray, block: int, out: np.ndarray, lo: int, hi: int) -> None:
+    """out[b] = the per-channel sum of (x2 - mean)^2 over block b's rows, for b in [lo, hi)."""
+    rows, c = x2.shape
+    for b in range(lo, hi):
+        acc = np.zeros(c, np.float32)
+        for r in range(b * block, min(rows, (b + 1) * block)):
+            for k in range(c):
+                d = x2[r, k] - mean[k]
+                acc[k] += d * d
+        out[b] = acc
+
+
+@_jit.jit
+def _block_grad_sums(dy2: np.ndarray, x2: np.ndarray, mean: np.ndarray, block: int, dy_out: np.ndarray,
+                     dyxc_out: np.ndarray, lo: int, hi: int) -> None:
+    """dy_out[b], dyxc_out[b] = the per-channel sums of dy2 and of dy2 * (x2 - mean) over block b's rows."""
+    rows, c = x2.shape
+    for b in range(lo, hi):
+        acc = np.zeros(c, np.float32)
+        acc_xc = np.zeros(c, np.float32)
+        for r in range(b * block, min(rows, (b + 1) * block)):
+            for k in range(c):
+                d = dy2[r, k]
+                acc[k] += d
+                acc_xc[k] += d * (x2[r, k] - mean[k])
+        dy_out[b] = acc
+        dyxc_out[b] = acc_xc
+
+
+@_jit.jit
+def _normalize(x2: np.ndarray, mean: np.ndarray, factor: np.ndarray, offset: np.ndarray, y: np.ndarray,
+               lo: int, hi: int) -> None:
+    """y = (x2 - mean) * factor + offset on rows [lo, hi)."""
+    c = x2.shape[1]
+    for r in range(lo, hi):
+        for k in range(c):
+            y[r, k] = (x2[r, k] - mean[k]) * factor[k] + offset[k]
+
+
+@_jit.jit
+def _grad_dx(dy2: np.ndarray, x2: np.ndarray, mean: np.ndarray, dy_mean: np.ndarray, coef: np.ndarray,
+             factor: np.ndarray, dx: np.ndarray, lo: int, hi: int) -> None:
+    """dx = ((dy2 - dy_mean) - (x2 - mean) * coef) * factor on rows [lo, hi)."""
+    c = x2.shape[1]
+    for r in range(lo, hi):
+        for k in range(c):
+            dx[r, k] = ((dy2[r, k] - dy_mean[k]) - (x2[r, k] - mean[k]) * coef[k]) * factor[k]
+
+
+@_jit.jit
+def _scaled(dy2: np.ndarray, factor: np.ndarray, dx: np.ndarray, lo: int, hi: int) -> None:
+    """dx = dy2 * factor on rows [lo, hi)."""
+    c = dy2.shape[1]
+    for r in range(lo, hi):
+        for k in range(c):
+            dx[r, k] = dy2[r, k] * factor[k]
+
+
+def _f32(a: Any) -> np.ndarray:
+    return np.ascontiguousarray(a, np.float32)
+
+
+def _channel_sums_jit(x2: np.ndarray, mean: np.ndarray | None = None) -> np.ndarray:
+    """Per-channel float32 sums of x2 (mean None) or of (x2 - mean)^2, by blocks of rows."""
+    rows, c = x2.shape
+    blocks = -(-rows // _BLOCK_ROWS)
+    partial = np.zeros((blocks, c), np.float32)
+    if mean is None:
+        split_units(blocks, _BLOCK_ROWS * c, lambda lo, hi: _block_sums(x2, _BLOCK_ROWS, partial, lo, hi))
+    else:
+        split_units(blocks, _BLOCK_ROWS * c,
+                    lambda lo, hi: _block_centered_squares(x2, mean, _BLOCK_ROWS, partial, lo, hi))
+    return partial.sum(axis=0, dtype=np.float32)
+
+
+def _normalize_jit(x2: np.ndarray, mean: np.ndarray, factor: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    y = np.empty(x2.shape, np.float32)
+    split_units(x2.shape[0], x2.shape[1], lambda lo, hi: _normalize(x2, mean, factor, offset, y, lo, hi))
+    return y
 
 
 def _layout(x: np.ndarray, attrs: Mapping[str, Any]) -> tuple[np.ndarray, bool]:
@@ -59,17 +163,27 @@ def fused_batch_norm(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Ke
     empty = np.zeros((0,), np.float32)
     if not attrs.get("is_training", True):
         sf = (1 / np.sqrt(np.asarray(var, np.float32) + eps)) * scale
-        y = (x2 - mean) * sf + offset
+        if _jit.enabled():
+            y = _normalize_jit(np.ascontiguousarray(x2), _f32(mean), _f32(sf), _f32(offset))
+        else:
+            y = (x2 - mean) * sf + offset
         return [_restore(y, x, nc), np.array(mean, np.float32), np.array(var, np.float32),
                 np.array(mean, np.float32), np.array(var, np.float32), empty]
     n = x2.shape[0]
-    xw, k = _wide(x2)
-    bmean = _channel_sum(xw, k) * np.float32(1.0 / n)
-    y = xw - np.tile(bmean, k)  # x - mean, then y in place
-    bvar = _channel_dot(y, y, k) * np.float32(1.0 / n)
-    sf = (1 / np.sqrt(bvar + eps)) * scale
-    y *= np.tile(sf, k)
-    y += np.tile(np.asarray(offset, np.float32), k)
+    if _jit.enabled():
+        x2 = np.ascontiguousarray(x2)
+        bmean = _channel_sums_jit(x2) * np.float32(1.0 / n)
+        bvar = _channel_sums_jit(x2, bmean) * np.float32(1.0 / n)
+        sf = (1 / np.sqrt(bvar + eps)) * scale
+        y = _normalize_jit(x2, bmean, _f32(sf), _f32(offset))
+    else:
+        xw, k = _wide(x2)
+        bmean = _channel_sum(xw, k) * np.float32(1.0 / n)
+        y = xw - np.tile(bmean, k)  # x - mean, then y in place
+        bvar = _channel_dot(y, y, k) * np.float32(1.0 / n)
+        sf = (1 / np.sqrt(bvar + eps)) * scale
+        y *= np.tile(sf, k)
+        y += np.tile(np.asarray(offset, np.float32), k)
     adjust = np.float32(n / max(n - 1, 1))
     if f == 1:
         run_mean, run_var = bmean.copy(), bvar * adjust
@@ -86,6 +200,8 @@ def fused_batch_norm_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ct
     eps = np.float32(attrs.get("epsilon", 1e-4))
     dy2, nc = _layout(dy, attrs)
     x2, _ = _layout(x, attrs)
+    if _jit.enabled():
+        return _batch_norm_grad_jit(dy2, x2, dy, nc, scale, mean, var, eps, bool(attrs.get("is_training", True)))
     dyw, k = _wide(dy2)
     xw, _ = _wide(x2)
     inv = 1 / np.sqrt(np.asarray(var, np.float32) + eps)
@@ -102,5 +218,32 @@ def fused_batch_norm_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ct
         dx *= np.tile(scale * inv, k)
     else:
         dx = dyw * np.tile(scale * inv, k)
+    empty = np.zeros((0,), np.float32)
+    return [_restore(dx, dy, nc), dscale, doffset, empty, empty]
+
+
+def _batch_norm_grad_jit(dy2: np.ndarray, x2: np.ndarray, dy: np.ndarray, nc: bool, scale: np.ndarray,
+                         mean: np.ndarray, var: np.ndarray, eps: np.float32, training: bool) -> list[np.ndarray]:
+    """fused_batch_norm_grad's numba path: one pass for the two per-channel sums, one for dx."""
+    dy2, x2 = np.ascontiguousarray(dy2), np.ascontiguousarray(x2)
+    rows, c = x2.shape
+    inv = 1 / np.sqrt(np.asarray(var, np.float32) + eps)
+    mean32 = _f32(mean)
+    blocks = -(-rows // _BLOCK_ROWS)
+    partial_dy, partial_dyxc = np.zeros((blocks, c), np.float32), np.zeros((blocks, c), np.float32)
+    split_units(blocks, 2 * _BLOCK_ROWS * c, lambda lo, hi: _block_grad_sums(
+        dy2, x2, mean32, _BLOCK_ROWS, partial_dy, partial_dyxc, lo, hi))
+    doffset = partial_dy.sum(axis=0, dtype=np.float32)
+    dyxc = partial_dyxc.sum(axis=0, dtype=np.float32)
+    dscale = dyxc * inv
+    factor = _f32(scale * inv)
+    dx = np.empty((rows, c), np.float32)
+    if training:
+        n = np.float32(rows)
+        coef1 = _f32((dyxc / n) * (inv * inv))
+        dy_mean = _f32(doffset / n)
+        split_units(rows, 2 * c, lambda lo, hi: _grad_dx(dy2, x2, mean32, dy_mean, coef1, factor, dx, lo, hi))
+    else:
+        split_units(rows, c, lambda lo, hi: _scaled(dy2, factor, dx, lo, hi))
     empty = np.zeros((0,), np.float32)
     return [_restore(dx, dy, nc), dscale, doffset, empty, empty]

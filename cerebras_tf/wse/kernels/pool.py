@@ -5,6 +5,14 @@ max_pool_grad routes each output's gradient to the first maximum of its window
 in row-major tap order (TF's CPU kernel: strict `<` while scanning), padding
 never wins (implemented as "first tap equal to the window max"; a window holding a NaN
 routes no gradient, where TF's scan would). avg_pool divides by the number of non-padding elements (TF's SAME).
+
+With numba (`_jit.enabled()`, float32/float64), each kernel is instead one loop
+over output windows, split by image across the host's threads, and gives the
+numpy code's result bit for bit: the window max keeps np.maximum's choices
+(NaN propagates; of equal values the later tap's), a gradient goes to the
+first tap equal to the max, and the sums add the same terms in the same order
+(an input element receives its windows' shares in tap order, which is the
+windows' reverse row-major order, so the gradient loops walk windows backwards).
 """
 from __future__ import annotations
 
@@ -12,9 +20,13 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._registry import KernelContext, register
 from cerebras_tf.wse.kernels._select import keep_where
+from cerebras_tf.wse.kernels._split import split_units
 from cerebras_tf.wse.kernels.conv_geometry import Geom
+
+_JIT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _geom(attrs: Mapping[str, Any], shape: Sequence[int]) -> Geom:
@@ -38,6 +50,144 @@ def _padded(x: np.ndarray, g: Geom, value: float) -> np.ndarray:
     return np.pad(x, ((0, 0), (g.pt, g.pb), (g.pl, g.pr), (0, 0)), constant_values=value)
 
 
+def _jit_ok(*arrays: np.ndarray) -> bool:
+    """Whether the numba loops take these arrays (float32/float64; other dtypes keep the numpy code)."""
+    return _jit.enabled() and all(a.dtype in _JIT_DTYPES for a in arrays)
+
+
+def _low(dtype: np.dtype) -> Any:
+    """The padding value of a max: the dtype's lowest value, as a scalar of the dtype."""
+    return dtype.type(-np.inf if dtype.kind == "f" else np.iinfo(dtype).min)
+
+
+def _geometry(g: Geom) -> tuple[int, int, int, int, int, int]:
+    return g.kh, g.kw, g.sh, g.sw, g.pt, g.pl
+
+
+@_jit.jit
+def _max_pool_loop(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, pl: int, low: Any,
+                   out: np.ndarray, lo: int, hi: int) -> None:
+    """out[n] = the window max of NHWC x[n] for n in [lo, hi), as the numpy code's np.maximum over taps."""
+    h, w, c = x.shape[1], x.shape[2], x.shape[3]
+    oh, ow = out.shape[1], out.shape[2]
+    for n in range(lo, hi):
+        for i0 in range(oh):
+            for j0 in range(ow):
+                for k in range(c):
+                    out[n, i0, j0, k] = low
+                for i in range(kh):
+                    r = i0 * sh + i - pt
+                    if r < 0 or r >= h:
+                        continue
+                    for j in range(kw):
+                        q = j0 * sw + j - pl
+                        if q < 0 or q >= w:
+                            continue
+                        for k in range(c):
+                            a, b = out[n, i0, j0, k], x[n, r, q, k]
+                            out[n, i0, j0, k] = a if (a > b or a != a) else b  # np.maximum(a, b)
+
+
+@_jit.jit
+def _max_pool_grad_loop(x: np.ndarray, grad_bits: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, pl: int,
+                        low: Any, overlap: bool, dx: np.ndarray, lo: int, hi: int) -> None:
+    """dx[n] (zeros on entry) += each window's gradient at its first tap equal to the window max, for n in
+    [lo, hi); grad_bits is the gradient viewed as integers of its width. One output row of windows at a
+    time, taps outermost (long inner loops), rows backwards: an input element then gets its windows'
+    shares in tap order. Branch-free: the gradient's bits are ANDed with an all-ones/zeros mask."""
+    h, w, c = x.shape[1], x.shape[2], x.shape[3]
+    oh, ow = grad_bits.shape[1], grad_bits.shape[2]
+    best = np.empty((ow, c), x.dtype)
+    free = np.empty((ow, c), grad_bits.dtype)  # all bits set until a tap of the window takes its gradient
+    share = np.empty((ow, c), dx.dtype)
+    share_bits = share.view(grad_bits.dtype)
+    for n in range(lo, hi):
+        for i0 in range(oh - 1, -1, -1):
+            best[:] = low
+            free[:] = -1
+            for i in range(kh):
+                r = i0 * sh + i - pt
+                if r < 0 or r >= h:
+                    continue
+                for j in range(kw):
+                    for j0 in range(ow):
+                        q = j0 * sw + j - pl
+                        if q < 0 or q >= w:
+                            continue
+                        for k in range(c):
+                            a, b = best[j0, k], x[n, r, q, k]
+                            best[j0, k] = a if (a > b or a != a) else b  # np.maximum(a, b)
+            for i in range(kh):
+                r = i0 * sh + i - pt
+                if r < 0 or r >= h:
+                    continue
+                for j in range(kw):
+                    for j0 in range(ow):
+                        q = j0 * sw + j - pl
+                        if q < 0 or q >= w:
+                            continue
+                        for k in range(c):
+                            hit = free[j0, k] & -grad_bits.dtype.type(x[n, r, q, k] == best[j0, k])
+                            free[j0, k] &= ~hit
+                            share_bits[j0, k] = grad_bits[n, i0, j0, k] & hit
+                    for j0 in range(ow):
+                        q = j0 * sw + j - pl
+                        if q < 0 or q >= w:
+                            continue
+                        if overlap:
+                            for k in range(c):
+                                dx[n, r, q, k] += share[j0, k]
+                        else:  # each input element belongs to one window at most
+                            for k in range(c):
+                                dx[n, r, q, k] = share[j0, k]
+
+
+@_jit.jit
+def _avg_pool_loop(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, pl: int, counts: np.ndarray,
+                   out: np.ndarray, lo: int, hi: int) -> None:
+    """out[n] (zeros on entry) = the window sums of x[n] in tap order, divided by the window counts."""
+    h, w, c = x.shape[1], x.shape[2], x.shape[3]
+    oh, ow = out.shape[1], out.shape[2]
+    for n in range(lo, hi):
+        for i0 in range(oh):
+            for j0 in range(ow):
+                for i in range(kh):
+                    r = i0 * sh + i - pt
+                    if r < 0 or r >= h:
+                        continue
+                    for j in range(kw):
+                        q = j0 * sw + j - pl
+                        if q < 0 or q >= w:
+                            continue
+                        for k in range(c):
+                            out[n, i0, j0, k] += x[n, r, q, k]
+                d = counts[i0, j0]
+                for k in range(c):
+                    out[n, i0, j0, k] /= d
+
+
+@_jit.jit
+def _avg_pool_grad_loop(grad: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, pl: int,
+                        counts: np.ndarray, dx: np.ndarray, lo: int, hi: int) -> None:
+    """dx[n] (zeros on entry) += each window's gradient / its count, at each of its taps."""
+    h, w, c = dx.shape[1], dx.shape[2], dx.shape[3]
+    oh, ow = grad.shape[1], grad.shape[2]
+    for n in range(lo, hi):
+        for i0 in range(oh - 1, -1, -1):  # backwards: an element gets its windows' shares in tap order
+            for j0 in range(ow - 1, -1, -1):
+                d = counts[i0, j0]
+                for i in range(kh):
+                    r = i0 * sh + i - pt
+                    if r < 0 or r >= h:
+                        continue
+                    for j in range(kw):
+                        q = j0 * sw + j - pl
+                        if q < 0 or q >= w:
+                            continue
+                        for k in range(c):
+                            dx[n, r, q, k] += grad[n, i0, j0, k] / d
+
+
 def _max(xn: np.ndarray, g: Geom) -> tuple[np.ndarray, np.ndarray]:
     """(padded input, window max) of an NHWC input; padding is the dtype's lowest value."""
     low = -np.inf if xn.dtype.kind == "f" else np.iinfo(xn.dtype).min
@@ -54,6 +204,12 @@ def _max(xn: np.ndarray, g: Geom) -> tuple[np.ndarray, np.ndarray]:
 def max_pool(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
     x = inputs[0]
     g = _geom(attrs, x.shape)
+    if _jit_ok(x):
+        xn = np.ascontiguousarray(_nhwc(x, g))
+        out = np.empty((g.n, g.oh, g.ow, g.c), x.dtype)
+        low = _low(x.dtype)
+        split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _max_pool_loop(xn, *_geometry(g), low, out, lo, hi))
+        return [_back(out, g)]
     return [_back(_max(_nhwc(x, g), g)[1], g)]
 
 
@@ -63,6 +219,14 @@ def max_pool_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Kerne
     (row-major) equal to the window max, recomputed from orig_input as TF does; padding never wins."""
     x, _, grad = inputs
     g = _geom(attrs, x.shape)
+    overlap = g.kh > g.sh or g.kw > g.sw
+    if _jit_ok(x, grad):
+        xn, gn = np.ascontiguousarray(_nhwc(x, g)), np.ascontiguousarray(_nhwc(grad, g))
+        dx = np.zeros((g.n, g.h, g.w, g.c), grad.dtype)
+        bits, low = gn.view(f"i{gn.dtype.itemsize}"), _low(x.dtype)
+        split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _max_pool_grad_loop(
+            xn, bits, *_geometry(g), low, overlap, dx, lo, hi))
+        return [_back(dx, g)]
     xp, best = _max(_nhwc(x, g), g)
     padded = bool(g.pt or g.pb or g.pl or g.pr)
     valid = _padded(np.ones((1, g.h, g.w, 1), bool), g, False) if padded else None
@@ -70,7 +234,6 @@ def max_pool_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Kerne
     dxp = np.zeros(g.padded_shape(), grad.dtype)
     found = np.zeros(best.shape, bool)
     hit = np.empty(best.shape, bool)
-    overlap = g.kh > g.sh or g.kw > g.sw
     for _, _, rs, cs in g.taps():
         np.equal(xp[:, rs, cs, :], best, out=hit)
         if valid is not None:
@@ -96,6 +259,12 @@ def _counts(g: Geom) -> np.ndarray:
 def avg_pool(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
     x = inputs[0]
     g = _geom(attrs, x.shape)
+    if _jit_ok(x):
+        xn = np.ascontiguousarray(_nhwc(x, g))
+        out = np.zeros((g.n, g.oh, g.ow, g.c), x.dtype)
+        counts = np.ascontiguousarray(_counts(g)[0, :, :, 0].astype(x.dtype))
+        split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _avg_pool_loop(xn, *_geometry(g), counts, out, lo, hi))
+        return [_back(out, g)]
     xp = _padded(_nhwc(x, g), g, 0)
     out = np.zeros((g.n, g.oh, g.ow, g.c), x.dtype)
     for _, _, rs, cs in g.taps():
@@ -109,6 +278,13 @@ def avg_pool_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Kerne
     """AvgPoolGrad(grad) with attr orig_input_shape."""
     grad = inputs[0]
     g = _geom(attrs, list(attrs["orig_input_shape"]))
+    if _jit_ok(grad):
+        gn = np.ascontiguousarray(_nhwc(grad, g))
+        dx = np.zeros((g.n, g.h, g.w, g.c), grad.dtype)
+        counts = np.ascontiguousarray(_counts(g)[0, :, :, 0].astype(grad.dtype))
+        split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _avg_pool_grad_loop(
+            gn, *_geometry(g), counts, dx, lo, hi))
+        return [_back(dx, g)]
     share = _nhwc(grad, g) / _counts(g).astype(grad.dtype)
     dxp = np.zeros(g.padded_shape(), grad.dtype)
     for _, _, rs, cs in g.taps():
