@@ -14,20 +14,12 @@ R = tf.raw_ops
 F = np.float32
 
 
-
-@pytest.fixture(params=[True, False], ids=["numba", "numpy"])
-def both_paths(request):
-    """The pooling and batch-norm kernels' numba loops, then their numpy code."""
-    with _jit.use_jit(request.param):
-        yield request.param
-
-
 POOLS = [((2, 8, 8, 3), 2, 2, "VALID"), ((2, 9, 7, 3), 3, 2, "SAME"), ((1, 6, 6, 2), 3, 1, "SAME"),
          ((2, 7, 7, 2), 3, 2, "VALID")]
 
 
 @pytest.mark.parametrize("case", POOLS, ids=range(len(POOLS)))
-def test_max_pool_and_grad(case, rng, both_paths):
+def test_max_pool_and_grad(case, rng, jit):
     shape, k, s, padding = case
     x = rng.normal(size=shape).astype(F)
     attrs = {"ksize": [1, k, k, 1], "strides": [1, s, s, 1], "padding": padding, "data_format": "NHWC"}
@@ -39,7 +31,7 @@ def test_max_pool_and_grad(case, rng, both_paths):
           R.MaxPoolGrad(orig_input=x, orig_output=y, grad=g, **kw), rtol=1e-6, atol=1e-6)
 
 
-def test_max_pool_grad_ties_go_to_first_max(rng, both_paths):
+def test_max_pool_grad_ties_go_to_first_max(rng, jit):
     x = np.round(rng.normal(size=(2, 6, 6, 2))).astype(F)  # many ties
     x[0, :4, :4, 0] = 1.0
     attrs = {"ksize": [1, 3, 3, 1], "strides": [1, 1, 1, 1], "padding": "SAME"}
@@ -51,7 +43,7 @@ def test_max_pool_grad_ties_go_to_first_max(rng, both_paths):
 
 
 @pytest.mark.parametrize("shape,padding", [((3, 9, 7, 4), "VALID"), ((3, 9, 7, 4), "SAME"), ((2, 8, 8, 5), "SAME")])
-def test_max_pool_grad_relu_ties_and_nonfinite_grads(shape, padding, rng, both_paths):
+def test_max_pool_grad_relu_ties_and_nonfinite_grads(shape, padding, rng, jit):
     """After ReLU most 2x2 windows are all zero (ties); odd sizes crop (VALID) or pad (SAME);
     non-finite gradients are routed unchanged and never leak into other positions."""
     x = np.maximum(np.round(rng.normal(size=shape) * 2), 0).astype(F)
@@ -65,7 +57,7 @@ def test_max_pool_grad_relu_ties_and_nonfinite_grads(shape, padding, rng, both_p
 
 
 @pytest.mark.parametrize("case", POOLS, ids=range(len(POOLS)))
-def test_avg_pool_and_grad(case, rng, both_paths):
+def test_avg_pool_and_grad(case, rng, jit):
     shape, k, s, padding = case
     x = rng.normal(size=shape).astype(F)
     attrs = {"ksize": [1, k, k, 1], "strides": [1, s, s, 1], "padding": padding}
@@ -77,7 +69,7 @@ def test_avg_pool_and_grad(case, rng, both_paths):
           R.AvgPoolGrad(orig_input_shape=list(shape), grad=g, **kw))
 
 
-def test_pool_nchw(rng, both_paths):
+def test_pool_nchw(rng, jit):
     x = rng.normal(size=(2, 3, 6, 6)).astype(F)
     a = {"ksize": [1, 1, 2, 2], "strides": [1, 1, 2, 2], "padding": "VALID", "data_format": "NCHW"}
     nhwc = run("max_pool", [x.transpose(0, 2, 3, 1)], {"ksize": [1, 2, 2, 1], "strides": [1, 2, 2, 1],
@@ -87,7 +79,7 @@ def test_pool_nchw(rng, both_paths):
 
 @pytest.mark.parametrize("factor", [1.0, 0.1])
 @pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
-def test_fused_batch_norm_training_and_grad(factor, fmt, rng, both_paths):
+def test_fused_batch_norm_training_and_grad(factor, fmt, rng, jit):
     x = (rng.normal(size=(4, 5, 6, 3)) * 2 + 1).astype(F)
     if fmt == "NCHW":
         x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
@@ -110,7 +102,7 @@ def test_fused_batch_norm_training_and_grad(factor, fmt, rng, both_paths):
         check(o, t, rtol=2e-5, atol=2e-5)
 
 
-def test_fused_batch_norm_inference_and_grad(rng, both_paths):
+def test_fused_batch_norm_inference_and_grad(rng, jit):
     x = rng.normal(size=(4, 5, 6, 3)).astype(F)
     scale, offset = rng.normal(size=3).astype(F), rng.normal(size=3).astype(F)
     mean, var = rng.normal(size=3).astype(F), np.abs(rng.normal(size=3)).astype(F)
