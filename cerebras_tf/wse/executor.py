@@ -47,7 +47,7 @@ _MAY_ALIAS = frozenset({"reshape", "squeeze", "expand_dims", "unstack", "split",
 _FRESH_OUTPUT = frozenset({"matmul", "batch_matmul", "conv2d", "conv2d_backprop_input", "conv2d_backprop_filter",
                            "depthwise_conv2d", "depthwise_conv2d_backprop_input", "depthwise_conv2d_backprop_filter",
                            "relu", "relu_grad", "max_pool", "max_pool_grad", "avg_pool", "avg_pool_grad", "add_n",
-                           "fused_batch_norm", "fused_batch_norm_grad", "bias_add", "add", "sub", "mul"})
+                           "fused_batch_norm_grad", "bias_add", "add", "sub", "mul"})
 
 
 @dataclasses.dataclass

@@ -23,6 +23,7 @@ import numpy as np
 from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._registry import KernelContext, register
 from cerebras_tf.wse.kernels._split import split_units
+from cerebras_tf.wse.memory import empty_aligned
 
 _WIDE_ROW = 4096  # elements per row of the side-by-side view (_wide)
 _BLOCK_ROWS = 256  # rows per partial sum of the numba path (fixed: results never depend on the thread count)
@@ -117,7 +118,7 @@ def _channel_sums_jit(x2: np.ndarray, mean: np.ndarray | None = None) -> np.ndar
 
 
 def _normalize_jit(x2: np.ndarray, mean: np.ndarray, factor: np.ndarray, offset: np.ndarray) -> np.ndarray:
-    y = np.empty(x2.shape, np.float32)
+    y = empty_aligned(x2.shape, np.float32)
     split_units(x2.shape[0], x2.shape[1], lambda lo, hi: _normalize(x2, mean, factor, offset, y, lo, hi))
     return y
 
@@ -237,7 +238,7 @@ def _batch_norm_grad_jit(dy2: np.ndarray, x2: np.ndarray, dy: np.ndarray, nc: bo
     dyxc = partial_dyxc.sum(axis=0, dtype=np.float32)
     dscale = dyxc * inv
     factor = _f32(scale * inv)
-    dx = np.empty((rows, c), np.float32)
+    dx = empty_aligned((rows, c), np.float32)
     if training:
         n = np.float32(rows)
         coef1 = _f32((dyxc / n) * (inv * inv))

@@ -24,6 +24,7 @@ from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._registry import KernelContext, register
 from cerebras_tf.wse.kernels._select import keep_where
 from cerebras_tf.wse.kernels._split import split_units
+from cerebras_tf.wse.memory import empty_aligned
 from cerebras_tf.wse.kernels.conv_geometry import Geom
 
 _JIT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -206,7 +207,7 @@ def max_pool(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelCont
     g = _geom(attrs, x.shape)
     if _jit_ok(x):
         xn = np.ascontiguousarray(_nhwc(x, g))
-        out = np.empty((g.n, g.oh, g.ow, g.c), x.dtype)
+        out = empty_aligned((g.n, g.oh, g.ow, g.c), x.dtype)
         low = _low(x.dtype)
         split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _max_pool_loop(xn, *_geometry(g), low, out, lo, hi))
         return [_back(out, g)]
@@ -222,7 +223,8 @@ def max_pool_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Kerne
     overlap = g.kh > g.sh or g.kw > g.sw
     if _jit_ok(x, grad):
         xn, gn = np.ascontiguousarray(_nhwc(x, g)), np.ascontiguousarray(_nhwc(grad, g))
-        dx = np.zeros((g.n, g.h, g.w, g.c), grad.dtype)
+        dx = empty_aligned((g.n, g.h, g.w, g.c), grad.dtype)
+        dx.fill(0)
         bits, low = gn.view(f"i{gn.dtype.itemsize}"), _low(x.dtype)
         split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _max_pool_grad_loop(
             xn, bits, *_geometry(g), low, overlap, dx, lo, hi))
