@@ -135,7 +135,8 @@ def main() -> None:
     print(f"{args.steps} steps after 5 warm-up steps each, {os.cpu_count()}-core CPU; "
           + "; ".join(bench_models.DESCRIPTIONS[name] for name in args.models.split(",")) + "; "
           f"OPENBLAS_CORETYPE={env.get('OPENBLAS_CORETYPE', '(unset: chosen by OpenBLAS)')}")
-    print(f"{'model':<6} {'level':<6} {'side':<24} {'steps/s':>9} {'vs TF':>7} {'peak RSS MB':>12}")
+    width = max(len("model"), *(len(name) for name in args.models.split(",")))
+    print(f"{'model':<{width}} {'level':<6} {'side':<24} {'steps/s':>9} {'vs TF':>7} {'peak RSS MB':>12}")
     for model_name in args.models.split(","):
         for level in args.levels.split(","):
             rows = {}
@@ -147,7 +148,7 @@ def main() -> None:
                 rows[side] = json.loads(out.stdout.strip().splitlines()[-1])
             for side, row in rows.items():
                 ratio = row["steps_per_sec"] / rows["tf"]["steps_per_sec"]
-                print(f"{model_name:<6} {level:<6} {side:<24} {row['steps_per_sec']:>9.1f} {ratio:>6.2f}x "
+                print(f"{model_name:<{width}} {level:<6} {side:<24} {row['steps_per_sec']:>9.1f} {ratio:>6.2f}x "
                       f"{row['peak_rss_mb']:>12.0f}")
 
 if __name__ == "__main__":
