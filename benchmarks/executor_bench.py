@@ -13,11 +13,13 @@ set_half_dtype("float32")), each on both host-kernel providers: numpy/OpenBLAS (
 TensorFlow's own CPU kernels ("/tensorflow", cerebras_tf.host_kernels_tf; what train(use_cs=True)
 uses by default): at the step level handed to the Executor, at the train level through
 CEREBRAS_TF_HOST_KERNELS.
-Models: the MLP 784-500-300-10 (batch 256, Adam) and the zoo CNN (conv + batch norm + pooling,
-Momentum) at 32x32x3, filters 32/64/64, batch 64. Each side runs in its own subprocess so peak
-RSS is its own; both read the same pre-made batches' worth of work per step.
+Models (benchmarks.bench_models): the MLP 784-500-300-10 (batch 256, Adam), the zoo CNN (conv + batch
+norm + pooling, Momentum) at 32x32x3, filters 32/64/64, batch 64, and the zoo transformer (BERT-style
+encoder, its own Adam with weight decay) at bench_models.TRANSFORMER_PARAMS (no target yet). Each side
+runs in its own subprocess so peak RSS is its own; both read the same pre-made batches' worth of work per step.
 
-    ./dev bench executor_bench [--steps 100] [--levels train,step] [--openblas-coretype NAME]
+    ./dev bench executor_bench [--steps 100] [--models mlp,cnn,transformer] [--levels train,step]
+                                [--openblas-coretype NAME]
 
 Our matmuls and convolutions run on numpy's bundled OpenBLAS, whose kernels an
 OPENBLAS_CORETYPE in the environment pins (e.g. "Haswell": AVX2 only, even on an AVX-512
@@ -37,8 +39,9 @@ import sys
 import tempfile
 import time
 
+from benchmarks import bench_models
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BATCH = 256
 
 
 def _openblas_env(choice: str) -> dict[str, str]:
@@ -52,64 +55,25 @@ def _openblas_env(choice: str) -> dict[str, str]:
     return env
 
 
-CNN_PARAMS = {"batch_size": 64, "image_size": 32, "channels": 3, "filters": [32, 64, 64], "num_classes": 10,
-              "num_examples": 512, "learning_rate": 0.05}
-
-
 LOG_EVERY = 20
 
 
 def _measure(model_name: str, side: str, steps: int, level: str) -> dict:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import numpy as np
-    import tensorflow as tf
-    from estimator import EstimatorSpec, ModeKeys
-
-    from cerebras_tf import CerebrasEstimator, CSRunConfig
     from cerebras_tf import amp
-    from cerebras_tf.amp import GradScaler
-    from cerebras_tf.compiler import initial
-    from cerebras_tf.host_kernels_tf import PROVIDERS
-    from cerebras_tf.precheck import precheck
-    from cerebras_tf.wse.executor import Executor
 
-    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
-
-    def input_fn(params):
-        rng = np.random.RandomState(0)
-        x = rng.rand(BATCH * 8, 784).astype(np.float32)
-        y = rng.randint(0, 10, BATCH * 8).astype(np.int32)
-        return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(BATCH, drop_remainder=True)
-
-    def model_fn(features, labels, mode, params):
-        hidden = tf.compat.v1.layers.dense(features, 500, activation=tf.nn.relu)
-        hidden = tf.compat.v1.layers.dense(hidden, 300, activation=tf.nn.relu)
-        logits = tf.compat.v1.layers.dense(hidden, 10)
-        loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
-        train_op = tf.compat.v1.train.AdamOptimizer(1e-3).minimize(
-            loss, global_step=tf.compat.v1.train.get_global_step())
-        return EstimatorSpec(mode, loss=loss, train_op=train_op)
-
-    params: dict = {}
-    if model_name == "cnn":
-        from examples.zoo import cnn
-        input_fn, model_fn, params = cnn.input_fn, cnn.model_fn, dict(CNN_PARAMS)
+    bench_models.quiet_tf()
     numerics, _, provider = side.partition("/")
     if numerics == "ours-float32":
         amp.set_half_dtype("float32")
     if provider:
         os.environ["CEREBRAS_TF_HOST_KERNELS"] = provider  # the train level's choice (host_kernels_tf)
     if level == "train":
+        model_fn, input_fn, params = bench_models.model(model_name)
         return _measure_train(model_fn, input_fn, params, side, steps)
-    estimator = CerebrasEstimator(model_fn, model_dir=tempfile.mkdtemp(), config=CSRunConfig(cs_ip="bench:1"),
-                                  params=params)
-    model = precheck(estimator, input_fn, ModeKeys.TRAIN)
-    batches = list(input_fn(params).take(8).as_numpy_iterator())
+    prepared = bench_models.prepare(model_name)
+    batches = prepared.batches
     if side == "tf":
-        with model.graph.as_default(), tf.compat.v1.Session(graph=model.graph) as session:
-            session.run([tf.compat.v1.global_variables_initializer(),
-                         [op for op in model.graph.get_operations() if op.type == "MakeIterator"]])
-            fetches = [model.spec.loss, model.spec.train_op]
+        with bench_models.tf_session(prepared) as (session, fetches):
             for _ in range(5):
                 session.run(fetches)
             start = time.perf_counter()
@@ -117,9 +81,7 @@ def _measure(model_name: str, side: str, steps: int, level: str) -> dict:
                 session.run(fetches)
             seconds = time.perf_counter() - start
     else:
-        program = estimator.compile(input_fn).program
-        executor = Executor(program, initial.initial_values(model, program),
-                            grad_scaler=GradScaler(loss_scale="dynamic"), host_kernels=PROVIDERS[provider])
+        executor = bench_models.our_executor(prepared, provider)
         for i in range(5):
             executor.step(*batches[i % 8])
         start = time.perf_counter()
@@ -157,7 +119,7 @@ def _measure_train(model_fn, input_fn, params: dict, side: str, steps: int) -> d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--models", default="mlp,cnn")
+    parser.add_argument("--models", default=",".join(bench_models.MODELS))
     parser.add_argument("--openblas-coretype", default="none",
                         help="none (default: leave the environment), auto (unset: OpenBLAS picks kernels for "
                              "this CPU), or an OpenBLAS core name such as Haswell or SkylakeX")
@@ -171,9 +133,10 @@ def main() -> None:
         return
     env = _openblas_env(args.openblas_coretype)
     print(f"{args.steps} steps after 5 warm-up steps each, {os.cpu_count()}-core CPU; "
-          "MLP 784-500-300-10 batch 256 Adam; CNN 32x32x3 filters 32/64/64 batch 64 Momentum; "
+          + "; ".join(bench_models.DESCRIPTIONS[name] for name in args.models.split(",")) + "; "
           f"OPENBLAS_CORETYPE={env.get('OPENBLAS_CORETYPE', '(unset: chosen by OpenBLAS)')}")
-    print(f"{'model':<6} {'level':<6} {'side':<24} {'steps/s':>9} {'vs TF':>7} {'peak RSS MB':>12}")
+    width = max(len("model"), *(len(name) for name in args.models.split(",")))
+    print(f"{'model':<{width}} {'level':<6} {'side':<24} {'steps/s':>9} {'vs TF':>7} {'peak RSS MB':>12}")
     for model_name in args.models.split(","):
         for level in args.levels.split(","):
             rows = {}
@@ -185,7 +148,7 @@ def main() -> None:
                 rows[side] = json.loads(out.stdout.strip().splitlines()[-1])
             for side, row in rows.items():
                 ratio = row["steps_per_sec"] / rows["tf"]["steps_per_sec"]
-                print(f"{model_name:<6} {level:<6} {side:<24} {row['steps_per_sec']:>9.1f} {ratio:>6.2f}x "
+                print(f"{model_name:<{width}} {level:<6} {side:<24} {row['steps_per_sec']:>9.1f} {ratio:>6.2f}x "
                       f"{row['peak_rss_mb']:>12.0f}")
 
 if __name__ == "__main__":

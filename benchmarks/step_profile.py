@@ -1,0 +1,227 @@
+"""Where a training step's time goes: ours kernel by kernel, against TensorFlow's own per-op profile.
+
+For each model (benchmarks.bench_models: the MLP, the zoo CNN, the zoo transformer) the same training
+step, on the same batches, is timed on both sides, in this one process:
+  - ours: cerebras_tf.wse.executor.Executor.step on the compiled program (dynamic loss scaling),
+    host kernels from cerebras_tf.host_kernels_tf.PROVIDERS (TensorFlow's CPU kernels by default,
+    `--provider numpy` for numpy/OpenBLAS), per numerics in --numerics (float16: half-precision
+    emulation; float32: set_half_dtype("float32")). Each planned kernel's function is wrapped
+    with a timer; its time is summed per kernel kind;
+  - TF: the captured Estimator graph in a tf.compat.v1.Session (the Estimator's inner loop
+    without hooks), run with RunOptions(trace_level=FULL_TRACE); each node's all_end_rel_micros
+    from RunMetadata.step_stats is summed per op type.
+Both wall-clock step times are measured on separate, unprofiled steps (after 3 warm-up steps):
+the timers and the tracing cost time of their own.
+
+One row per kernel kind (ours) or op type (TF's), sorted by our time. A TF op type is put on the row
+of the kernel kind that does the same work where that is plain: Grappler/oneDNN prefixes and
+versions dropped (_MklNativeConv2DBackpropFilter and Conv2DBackpropFilter -> conv2d_backprop_filter,
+FusedBatchNormV3 -> fused_batch_norm, ResourceApplyAdam -> apply_adam, MatMul / _MklMatMul -> matmul,
+...); the "TF ops" column names what was summed. TF's fused ops count on the row of their first
+part: _MklNativeFusedConv2D (conv + bias + relu) on conv2d, _MklNativeFusedMatMul / _FusedMatMul
+(matmul + bias [+ relu]) on matmul, _MklNativeFusedBatchNormEx (batch norm + relu) on
+fused_batch_norm, so their bias_add / relu rows are ours alone. "—" where a side has no such
+kernel or op (ours: to_half, the half-precision rounding; TF's: Identity, NoOp, _Retval, ...).
+"n" is the number of kernels / nodes run per step.
+
+TF runs independent ops concurrently (inter-op parallelism; intra-op threads too), so its per-op
+sum exceeds its wall time; ours runs one kernel after another (each may use the cores), so the
+sum of our kernels is at most our wall time, the rest being the executor's own work between
+kernels ("outside kernels").
+
+    ./dev bench step_profile [--models mlp,cnn,transformer] [--steps 10] [--numerics float16,float32]
+                             [--provider tensorflow|numpy]
+
+`./dev bench` runs it with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (see executor_bench).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import time
+from typing import Any
+
+from benchmarks import bench_models
+
+WARMUP = 3
+# TF op types (prefixes and V2/V3 suffixes already dropped) whose kernel kind is not their snake_case name.
+_TF_ALIASES = {
+    "MatMul": "matmul", "BatchMatMul": "batch_matmul", "RealDiv": "div", "DivNoNan": "div_no_nan",
+    "ReadVariable": "read_variable", "ResourceGather": "gather_variable", "Gather": "gather",
+    "Pack": "stack", "Unpack": "unstack", "Concat": "concat", "Select": "select",
+    "SparseSoftmaxCrossEntropyWithLogits": "sparse_softmax_cross_entropy",
+    "SoftmaxCrossEntropyWithLogits": "softmax_cross_entropy", "FusedBatchNormEx": "fused_batch_norm",
+    "Conv2D": "conv2d", "Conv2DBackpropFilter": "conv2d_backprop_filter",
+    "Conv2DBackpropInput": "conv2d_backprop_input",
+    "DepthwiseConv2dNative": "depthwise_conv2d",
+    "DepthwiseConv2dNativeBackpropFilter": "depthwise_conv2d_backprop_filter",
+    "DepthwiseConv2dNativeBackpropInput": "depthwise_conv2d_backprop_input",
+    "RandomUniform": "random_uniform", "RandomStandardNormal": "random_normal",
+    "MatrixBandPart": "band_part", "L2Loss": "l2_loss",
+    "BatchNorm": "fused_batch_norm", "BatchNormEx": "fused_batch_norm", "BatchNormGrad": "fused_batch_norm_grad",
+}
+_PREFIXES = ("_MklNativeFused", "_MklNative", "_MklFused", "_Mkl", "_Fused", "Resource")
+
+
+def tf_kind(op_type: str, kinds: set[str]) -> str | None:
+    """Our kernel kind for the TF op type, or None (a TF-only row)."""
+    name = op_type
+    for prefix in _PREFIXES:
+        if name.startswith(prefix) and len(name) > len(prefix):
+            name = name[len(prefix):]
+            if prefix != "Resource" and name.startswith("Resource"):
+                name = name[len("Resource"):]
+            break
+    name = re.sub(r"V[0-9]$", "", name)
+    name = re.sub(r"(Variable)Op$", r"\1", name)
+    kind = _TF_ALIASES.get(name) or re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+    return kind if kind in kinds else None
+
+
+def _our_profile(prepared: bench_models.Prepared, provider: str, steps: int) -> dict[str, Any]:
+    """Wall ms per step, and per kernel kind: ms and kernels run per step."""
+    executor = bench_models.our_executor(prepared, provider)
+    batches = prepared.batches
+    for i in range(WARMUP):
+        executor.step(*batches[i % len(batches)])
+    start = time.perf_counter()
+    for i in range(steps):
+        executor.step(*batches[i % len(batches)])
+    wall = (time.perf_counter() - start) / steps * 1e3
+    seconds: collections.Counter[str] = collections.Counter()
+    calls: collections.Counter[str] = collections.Counter()
+    for plan in executor._plans:
+        for planned in plan:
+            def timed(inputs, attrs, ctx, fn=planned.fn, kind=planned.kernel.kind):
+                t0 = time.perf_counter()
+                try:
+                    return fn(inputs, attrs, ctx)
+                finally:
+                    seconds[kind] += time.perf_counter() - t0
+                    calls[kind] += 1
+            planned.fn = timed
+    start = time.perf_counter()
+    for i in range(steps):
+        executor.step(*batches[i % len(batches)])
+    profiled = (time.perf_counter() - start) / steps * 1e3
+    return {"wall": wall, "profiled_wall": profiled,
+            "ms": {k: v / steps * 1e3 for k, v in seconds.items()}, "n": {k: v / steps for k, v in calls.items()}}
+
+
+def _op_type(node_stats: Any) -> str:
+    """The op type of a traced node: its timeline label reads "name = OpType(inputs)"."""
+    label = node_stats.timeline_label
+    if " = " in label:
+        return label.split(" = ", 1)[1].split("(", 1)[0].strip()
+    return node_stats.node_name.split(":")[0]
+
+
+def _tf_profile(prepared: bench_models.Prepared, steps: int) -> dict[str, Any]:
+    """Wall ms per step, and per op type: summed node time (ms) and nodes run per step."""
+    import tensorflow as tf
+
+    with bench_models.tf_session(prepared) as (session, fetches):
+        for _ in range(WARMUP):
+            session.run(fetches)
+        start = time.perf_counter()
+        for _ in range(steps):
+            session.run(fetches)
+        wall = (time.perf_counter() - start) / steps * 1e3
+        micros: collections.Counter[str] = collections.Counter()
+        nodes: collections.Counter[str] = collections.Counter()
+        options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+        start = time.perf_counter()
+        for _ in range(steps):
+            metadata = tf.compat.v1.RunMetadata()
+            session.run(fetches, options=options, run_metadata=metadata)
+            for device in metadata.step_stats.dev_stats:
+                for node in device.node_stats:
+                    op = _op_type(node)
+                    micros[op] += node.all_end_rel_micros
+                    nodes[op] += 1
+        profiled = (time.perf_counter() - start) / steps * 1e3
+    return {"wall": wall, "profiled_wall": profiled,
+            "ms": {k: v / steps / 1e3 for k, v in micros.items()}, "n": {k: v / steps for k, v in nodes.items()}}
+
+
+def _table(ours: dict[str, dict[str, Any]], theirs: dict[str, Any]) -> list[str]:
+    """The rows: one per kind (ours, with the TF ops mapped to it) or unmapped TF op type."""
+    from cerebras_tf.wse.kernels import KERNELS
+
+    numerics = list(ours)
+    kinds = set(KERNELS) | {"to_half", "gradient_seed"} | {k for o in ours.values() for k in o["ms"]}
+    rows: dict[str, dict[str, Any]] = {}
+    for numeric, profile in ours.items():
+        for kind, ms in profile["ms"].items():
+            row = rows.setdefault(kind, {"tf_ms": None, "tf_n": 0.0, "tf_ops": []})
+            row[numeric] = (ms, profile["n"][kind])
+    for op, ms in theirs["ms"].items():
+        key = tf_kind(op, kinds) or op
+        row = rows.setdefault(key, {"tf_ms": None, "tf_n": 0.0, "tf_ops": []})
+        row["tf_ms"] = (row["tf_ms"] or 0.0) + ms
+        row["tf_n"] += theirs["n"][op]
+        row["tf_ops"].append(op)
+
+    def cell(value: float | None, n: float, width: int = 9) -> str:
+        return f"{'—':>{width}} {'':>5}" if value is None else f"{value:>{width}.2f} {n:>5.0f}"
+
+    first = numerics[0]
+    order = sorted(rows, key=lambda k: (-(rows[k][first][0] if first in rows[k] else -1.0),
+                                        -(rows[k]["tf_ms"] or 0.0), k))
+    lines = [f"{'kind / TF op':<30}" + "".join(f" {'ours ' + x + ' ms':>17} {'n':>5}" for x in numerics)
+             + f" {'TF ms':>9} {'n':>5}  TF ops"]
+    for key in order:
+        row = rows[key]
+        ours_cells = "".join(" " + cell(row[x][0] if x in row else None, row[x][1] if x in row else 0, 17)
+                             for x in numerics)
+        tf_ops = ", ".join(op for op in sorted(row["tf_ops"]) if op != key)
+        lines.append(f"{key:<30}{ours_cells} {cell(row['tf_ms'], row['tf_n'])}  {tf_ops}")
+    lines.append(f"{'sum of kernels / ops':<30}"
+                 + "".join(f" {sum(ours[x]['ms'].values()):>17.2f} {sum(ours[x]['n'].values()):>5.0f}"
+                           for x in numerics)
+                 + f" {sum(theirs['ms'].values()):>9.2f} {sum(theirs['n'].values()):>5.0f}")
+    lines.append(f"{'outside kernels (profiled)':<30}"
+                 + "".join(f" {ours[x]['profiled_wall'] - sum(ours[x]['ms'].values()):>17.2f} {'':>5}"
+                           for x in numerics) + f" {'—':>9}")
+    lines.append(f"{'wall, profiled':<30}" + "".join(f" {ours[x]['profiled_wall']:>17.2f} {'':>5}" for x in numerics)
+                 + f" {theirs['profiled_wall']:>9.2f}")
+    lines.append(f"{'wall, unprofiled':<30}" + "".join(f" {ours[x]['wall']:>17.2f} {'':>5}" for x in numerics)
+                 + f" {theirs['wall']:>9.2f}")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(bench_models.MODELS))
+    parser.add_argument("--steps", type=int, default=10, help="steps timed per measurement (after 3 warm-up steps)")
+    parser.add_argument("--numerics", default="float16", help="ours: comma-separated half dtypes (float16, "
+                                                             "bfloat16, float32 for float32 numerics)")
+    parser.add_argument("--provider", default="tensorflow", choices=("tensorflow", "numpy"),
+                        help="our host-kernel provider (cerebras_tf.host_kernels_tf.PROVIDERS)")
+    args = parser.parse_args()
+    bench_models.quiet_tf()
+    from cerebras_tf import amp
+
+    print(f"ms per step: {args.steps} steps after {WARMUP} warm-up steps, {os.cpu_count()}-core CPU; ours: host "
+          f"kernels {args.provider}; OPENBLAS_CORETYPE="
+          f"{os.environ.get('OPENBLAS_CORETYPE', '(unset: chosen by OpenBLAS)')}")
+    selected = amp.get_half_dtype()
+    for name in args.models.split(","):
+        prepared = bench_models.prepare(name)
+        theirs = _tf_profile(prepared, args.steps)
+        ours = {}
+        try:
+            for numerics in args.numerics.split(","):
+                amp.set_half_dtype(numerics)
+                ours[numerics] = _our_profile(prepared, args.provider, args.steps)
+        finally:
+            amp.set_half_dtype(selected)
+        print(f"\n{name}: {bench_models.DESCRIPTIONS[name]}")
+        for line in _table(ours, theirs):
+            print(line)
+
+
+if __name__ == "__main__":
+    main()
