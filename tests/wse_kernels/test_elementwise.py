@@ -188,3 +188,14 @@ def test_bias_add_grad(fmt, rng):
     g = rng.normal(size=(3, 4, 5, 6)).astype(F)
     check(run("bias_add_grad", [g], {"data_format": fmt})[0], R.BiasAddGrad(out_backprop=g, data_format=fmt),
           rtol=1e-5)
+
+
+@pytest.mark.parametrize("exponent", [0.5, 2.0, 3.0, -0.5, -1.0, 1.7])
+def test_pow_with_a_scalar_exponent(exponent, rng):
+    """The rewritten forms (x**3 as Square(x) * x, ...) agree with TF's Pow within an ulp or two (TF's own CPU
+    pow is a vectorised approximation, so neither form is TF's bit for bit)."""
+    x = (rng.normal(size=(64, 33)) * 3).astype(F)
+    x[0, :4] = [0.0, -0.0, np.inf, np.nan]
+    with np.errstate(all="ignore"):
+        got = run("pow", [x, F(exponent)])[0]
+    check(got, R.Pow(x=x, y=F(exponent)), rtol=3e-7, atol=0)

@@ -157,6 +157,26 @@ def _div(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.true_divide(x, y)
 
 
+# Pow with a scalar exponent in the forms TF's graph optimizer (Grappler's ConvertPowStage) gives a constant one:
+# products and roots instead of a powf call per element (x**3 on [1024, 1024]: 27 ms as np.power).
+# Not Rsqrt for -0.5: 1/sqrt(-0) is -inf where pow(-0, -0.5) is +inf.
+_POW_REWRITES: dict[float, Callable[[np.ndarray], np.ndarray]] = {
+    0.5: np.sqrt,
+    2.0: np.square,
+    3.0: lambda x: np.square(x) * x,  # Mul(Square(x), x)
+    -1.0: np.reciprocal,
+}
+
+
+def _pow(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """tf.pow; a scalar exponent of 0.5, 2, 3 or -1 on a float x takes the rewritten form."""
+    if x.dtype.kind == "f" and y.dtype == x.dtype and y.size == 1 and np.broadcast_shapes(x.shape, y.shape) == x.shape:
+        rewrite = _POW_REWRITES.get(float(y.reshape(-1)[0]))
+        if rewrite is not None:
+            return rewrite(x)
+    return np.power(x, y)
+
+
 _BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "add": np.add,
     "sub": np.subtract,
@@ -166,7 +186,7 @@ _BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "div_no_nan": lambda x, y: np.where(y == 0, np.zeros((), np.result_type(x, y)), x / np.where(y == 0, 1, y)),
     "floor_div": _floor_div,
     "floor_mod": _floor_mod,
-    "pow": np.power,
+    "pow": _pow,
     "maximum": np.maximum,
     "minimum": np.minimum,
     "squared_difference": lambda x, y: np.square(x - y),
