@@ -58,11 +58,14 @@ def _relu_loop(x: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - co
         out[i] = x[i] if x[i] > 0 or x[i] != x[i] else zero
 
 
-def _relu(x: np.ndarray) -> np.ndarray:
-    """max(x, 0) as np.maximum gives it: NaN kept, -0 -> +0; one pass split across threads (numba)."""
+@register("relu")
+def relu(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    """max(x, 0) as np.maximum gives it: NaN kept, -0 -> +0; one pass split across threads (numba), into x
+    when the executor donates it."""
+    x = inputs[0]
     if _jit.enabled() and x.dtype in (np.float32, np.float64):
-        return map_elementwise(_relu_loop, x)
-    return np.maximum(x, np.zeros((), x.dtype))
+        return [map_elementwise(_relu_loop, x, out=x if ctx.may_overwrite(0, x, x.dtype) else None)]
+    return [np.maximum(x, np.zeros((), x.dtype))]
 
 
 _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
@@ -74,7 +77,6 @@ _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "erfc": _same(_erfc),  # tf.nn.gelu's exact form on TF >= 2.16: 0.5 * x * erfc(-x / sqrt(2))
     "tanh": np.tanh,
     "sigmoid": lambda x: _same(lambda y: 1.0 / (1.0 + np.exp(-y.astype(np.float64))))(x),
-    "relu": _relu,
     "relu6": lambda x: np.minimum(np.maximum(x, np.zeros((), x.dtype)), np.asarray(6, x.dtype)),
     "elu": lambda x: np.where(x < 0, np.expm1(x), x),
     "selu": lambda x: np.where(x < 0, (SELU_SCALE * SELU_ALPHA * np.expm1(x)).astype(x.dtype),
@@ -222,7 +224,9 @@ def bias_add(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelCont
     """value + bias along the channel axis (last for NHWC, 1 for NCHW)."""
     x, b = inputs
     if str(attrs.get("data_format", "NHWC")).startswith("NC") and x.ndim >= 3:
-        return [x + b.reshape((-1,) + (1,) * (x.ndim - 2))]
+        b = b.reshape((-1,) + (1,) * (x.ndim - 2))
+    if ctx.may_overwrite(0, x, np.result_type(x, b)):  # a donated x takes the sum (TF fuses it into the conv)
+        return [np.add(x, b, out=x)]
     return [x + b]
 
 
