@@ -43,12 +43,6 @@ from cerebras_tf.wse.kernels.half import round_half
 # Kinds whose output may be a view of (or the same array as) an input.
 _MAY_ALIAS = frozenset({"reshape", "squeeze", "expand_dims", "unstack", "split", "split_v", "slice",
                         "strided_slice", "cast", "to_half"})
-# Kinds whose outputs are always new arrays, computed here: the last kernel to read one may write its result
-# into it (a donated input, KernelContext.donated).
-_FRESH_OUTPUT = frozenset({"matmul", "batch_matmul", "conv2d", "conv2d_backprop_input", "conv2d_backprop_filter",
-                           "depthwise_conv2d", "depthwise_conv2d_backprop_input", "depthwise_conv2d_backprop_filter",
-                           "relu", "relu_grad", "max_pool", "max_pool_grad", "avg_pool", "avg_pool_grad", "add_n",
-                           "fused_batch_norm_grad", "bias_add", "add", "sub", "mul"})
 
 
 @dataclasses.dataclass
@@ -105,7 +99,6 @@ class Executor:
         self._keep = set(program.outputs.values()) | set(program.gradients)
         self._last_use = self._last_uses()
         self._shared_reads = self._reads_without_copy()
-        self._donations = self._donated_inputs()
         self._scale: float | None = None
         self._plans = tuple(self._plan(kernels) for kernels in self._phases)
 
@@ -181,7 +174,7 @@ class Executor:
             else:
                 fn = KERNELS[kernel.kind]
             ctx = KernelContext(variables=[self._variables[name] for name in kernel.vars], salt=kernel.id,
-                                host_kernels=self.host_kernels, donated=self._donations.get(kernel.id, frozenset()))
+                                host_kernels=self.host_kernels)
             frees = list(dict.fromkeys(t for t in kernel.reads
                                        if self._last_use.get(t) == kernel.id and t not in self._keep))
             writes = bool(kernel.vars) and kernel.kind not in ir.READS_VARIABLES
@@ -214,22 +207,7 @@ class Executor:
         x = inputs[0]
         if self.half_dtype == FLOAT32_MODE:
             return [x]
-        return [round_half(x, self.half_dtype, out=x if ctx.may_overwrite(0, x, np.float32) else None)]
-
-    def _donated_inputs(self) -> dict[int, frozenset[int]]:
-        """kernel id -> the positions of the inputs it may overwrite: a new array a kernel of _FRESH_OUTPUT made,
-        which no kernel views, this kernel reads last (and once), and which is not streamed out."""
-        producer = {t: k.kind for phase in self._phases for k in phase for t in k.outputs}
-        viewed = {t for phase in self._phases for k in phase if k.kind in _MAY_ALIAS and k.kind != "to_half"
-                  for t in k.inputs}
-        donations = {}
-        for kernel in (k for phase in self._phases for k in phase):
-            donated = frozenset(i for i, t in enumerate(kernel.inputs)
-                                if producer.get(t) in _FRESH_OUTPUT and t not in viewed and t not in self._keep
-                                and self._last_use.get(t) == kernel.id and kernel.reads.count(t) == 1)
-            if donated:
-                donations[kernel.id] = donated
-        return donations
+        return [round_half(x, self.half_dtype)]
 
     def _reads_without_copy(self) -> set[int]:
         """read_variable kernels whose value (or a view of it) no kernel uses after the variable is

@@ -45,15 +45,12 @@ def split_range(size: int, work: Callable[[int, int], None]) -> None:
         future.result()
 
 
-def map_elementwise(fn: Callable[..., Any], *arrays: np.ndarray, dtype: Any = None,
-                    out: np.ndarray | None = None) -> np.ndarray:
-    """`out` (default: a new 64-byte aligned array of arrays[0]'s shape and `dtype` or arrays[0]'s dtype;
-    else a C-contiguous array of that shape, which may be one of `arrays`) filled by `fn(*arrays, out=out)`
-    for same-shaped arrays, on flat slices in parallel when they are big; fn writes every element, and
-    element i of the result depends only on element i of each array."""
+def map_elementwise(fn: Callable[..., Any], *arrays: np.ndarray, dtype: Any = None) -> np.ndarray:
+    """A new (64-byte aligned) array `out` (arrays[0]'s shape, `dtype` or arrays[0]'s) filled by
+    `fn(*arrays, out=out)` for same-shaped arrays, on flat slices in parallel when they are big; fn writes
+    every element. (Not into one of `arrays`: a numba loop writing where it reads cannot be vectorised.)"""
     flats = [np.ascontiguousarray(a).reshape(-1) for a in arrays]
-    if out is None:
-        out = empty_aligned(arrays[0].shape, dtype or arrays[0].dtype)
+    out = empty_aligned(arrays[0].shape, dtype or arrays[0].dtype)
     flat_out = out.reshape(-1)
 
     def work(lo: int, hi: int) -> None:

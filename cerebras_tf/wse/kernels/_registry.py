@@ -16,22 +16,13 @@ class KernelContext:
     variables: the resource operands (Kernel.vars order), written in place by
     the variable-writing kinds. step: the global step, which random kernels mix
     into their (seed, seed2) pair so each step draws a fresh sample. salt: mixed
-    in only for unseeded random kernels (seed == seed2 == 0). donated: the positions
-    of inputs the kernel may overwrite with its result (nobody reads them after it:
-    the executor's choice); `may_overwrite` checks one can take a given result.
+    in only for unseeded random kernels (seed == seed2 == 0).
     """
 
     variables: list[np.ndarray] = dataclasses.field(default_factory=list)
     step: int = 0
     salt: int = 0  # distinguishes unseeded (seed == seed2 == 0) random kernels: pass the kernel id
     host_kernels: HostKernels = NUMPY_HOST_KERNELS
-    donated: frozenset[int] = frozenset()
-
-    def may_overwrite(self, position: int, array: np.ndarray, dtype: Any, shape: Any = None) -> bool:
-        """Whether input `position` (`array`) is donated and can hold a result of `dtype` and `shape`
-        (default: its own): writable, C-contiguous, of that dtype and shape."""
-        return (position in self.donated and array.dtype == dtype and array.flags.c_contiguous
-                and array.flags.writeable and (shape is None or array.shape == tuple(shape)))
 
 
 class KernelInputError(ValueError):

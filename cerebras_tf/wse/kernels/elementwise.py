@@ -60,11 +60,10 @@ def _relu_loop(x: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - co
 
 @register("relu")
 def relu(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
-    """max(x, 0) as np.maximum gives it: NaN kept, -0 -> +0; one pass split across threads (numba), into x
-    when the executor donates it."""
+    """max(x, 0) as np.maximum gives it: NaN kept, -0 -> +0; one pass split across threads (numba)."""
     x = inputs[0]
     if _jit.enabled() and x.dtype in (np.float32, np.float64):
-        return [map_elementwise(_relu_loop, x, out=x if ctx.may_overwrite(0, x, x.dtype) else None)]
+        return [map_elementwise(_relu_loop, x)]
     return [np.maximum(x, np.zeros((), x.dtype))]
 
 
@@ -225,8 +224,6 @@ def bias_add(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelCont
     x, b = inputs
     if str(attrs.get("data_format", "NHWC")).startswith("NC") and x.ndim >= 3:
         b = b.reshape((-1,) + (1,) * (x.ndim - 2))
-    if ctx.may_overwrite(0, x, np.result_type(x, b)):  # a donated x takes the sum (TF fuses it into the conv)
-        return [np.add(x, b, out=x)]
     return [x + b]
 
 

@@ -35,8 +35,7 @@ def relu_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelCon
     if g.shape != f.shape:
         return [keep_where(f > 0, g)]
     if _jit.enabled() and g.dtype == f.dtype and g.dtype in (np.float32, np.float64):
-        out = g if ctx.may_overwrite(0, g, g.dtype) else f if ctx.may_overwrite(1, f, f.dtype) else None
-        return [map_elementwise(_relu_grad, g, f, out=out)]
+        return [map_elementwise(_relu_grad, g, f)]
     return [map_elementwise(lambda g_, f_, out: keep_where(f_ > 0, g_, out), g, f)]
 
 
