@@ -102,7 +102,7 @@ def prepare(name: str) -> Prepared:
 
 def our_executor(prepared: Prepared, provider: str) -> Any:
     """The compiled program on the simulated WSE (numerics: the half dtype selected now), dynamic loss
-    scaling, with the host-kernel provider `provider` ("numpy" or "tensorflow")."""
+    scaling, with the host-kernel provider `provider` ("auto", "numpy" or "tensorflow")."""
     from cerebras_tf.amp import GradScaler
     from cerebras_tf.compiler import initial
     from cerebras_tf.host_kernels_tf import PROVIDERS

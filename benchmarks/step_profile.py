@@ -3,8 +3,9 @@
 For each model (benchmarks.bench_models: the MLP, the zoo CNN, the zoo transformer) the same training
 step, on the same batches, is timed on both sides, in this one process:
   - ours: cerebras_tf.wse.executor.Executor.step on the compiled program (dynamic loss scaling),
-    host kernels from cerebras_tf.host_kernels_tf.PROVIDERS (TensorFlow's CPU kernels by default,
-    `--provider numpy` for numpy/OpenBLAS), per numerics in --numerics (float16: half-precision
+    host kernels from cerebras_tf.host_kernels_tf.PROVIDERS ("auto" by default, as train(use_cs=True):
+    TF's convolutions, OpenBLAS's matmuls; `--provider numpy` or `tensorflow`), per numerics in
+    --numerics (float16: half-precision
     emulation; float32: set_half_dtype("float32")). Each planned kernel's function is wrapped
     with a timer; its time is summed per kernel kind;
   - TF: the captured Estimator graph in a tf.compat.v1.Session (the Estimator's inner loop
@@ -30,7 +31,7 @@ sum of our kernels is at most our wall time, the rest being the executor's own w
 kernels ("outside kernels").
 
     ./dev bench step_profile [--models mlp,cnn,transformer] [--steps 10] [--numerics float16,float32]
-                             [--provider tensorflow|numpy]
+                             [--provider auto|tensorflow|numpy]
 
 `./dev bench` runs it with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (see executor_bench).
 """
@@ -198,7 +199,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="steps timed per measurement (after 3 warm-up steps)")
     parser.add_argument("--numerics", default="float16", help="ours: comma-separated half dtypes (float16, "
                                                              "bfloat16, float32 for float32 numerics)")
-    parser.add_argument("--provider", default="tensorflow", choices=("tensorflow", "numpy"),
+    parser.add_argument("--provider", default="auto", choices=("auto", "tensorflow", "numpy"),
                         help="our host-kernel provider (cerebras_tf.host_kernels_tf.PROVIDERS)")
     args = parser.parse_args()
     bench_models.quiet_tf()

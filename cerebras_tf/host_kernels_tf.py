@@ -7,9 +7,9 @@ its two gradients. Each distinct call (op, operand shapes, attrs) becomes a
 one-op graph in one tf.compat.v1.Session, built on first use and run through a
 callable: TF's graph passes then give it the oneDNN kernels a training graph
 gets, which eager calls of the same raw ops miss for some shapes (a 3-channel
-first layer's filter gradient: 2.0 ms eager, 0.95 ms in the session), and the
-per-call overhead is below eager dispatch. It is only the arithmetic: the WSE kernels around it keep the
-numerics contract (float32 operands, already rounded to the half dtype;
+first layer's filter gradient: 2.0 ms eager, 0.95 ms in the session); a call
+costs about 0.25 ms more than the op itself. It is only the arithmetic: the WSE
+kernels around it keep the numerics contract (float32 operands, already rounded to the half dtype;
 float32 accumulation; the result cast back), so a run differs from the numpy
 provider only by the order in which float32 products are summed.
 
@@ -18,18 +18,19 @@ operands, dilated gradients (and dilated strided or depthwise forwards),
 negative (cropping) explicit paddings. NCHW is transposed to NHWC around the
 call, as the numpy provider does, so TF builds without NCHW CPU kernels work.
 
-`system_host_kernels()` is the choice for a run on the simulated system:
-TensorFlow's kernels unless CEREBRAS_TF_HOST_KERNELS=numpy. TensorFlow is
-already loaded on that path; its convolutions and their gradients are 1.5-5x
-faster than im2col on OpenBLAS, and its matmul as fast alone and faster within a
-step (benchmarks/kernels_bench.py, executor_bench.py: the MLP and CNN steps run
-1.5-2.5x faster on it); and with float32 numerics it makes the run's dense
-arithmetic TF's own, summation order included. (One known loss: TF's input
-gradient of a single-input-channel convolution is slower than numpy's; a
-first layer's input gradient is rarely computed.)
+Three providers (`PROVIDERS`): "numpy" (numpy/OpenBLAS), "tensorflow" (every
+dense kernel from TF: with float32 numerics the run's dense arithmetic is then
+TF's own, summation order included) and "auto" (`AUTO_HOST_KERNELS`): each kernel
+from the library that runs it faster here: the convolutions and their gradients
+from TF (1.5-5x faster than im2col on OpenBLAS), matmul and batch matmul from
+OpenBLAS (faster than TF's at every shape benchmarks/kernels_bench.py and
+step_profile.py time, by 0.1-1 ms a call: the MLP's step 0.6x -> 0.9x of TF's).
+`system_host_kernels()` is the choice for a run on the simulated system: "auto",
+or what CEREBRAS_TF_HOST_KERNELS names.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from typing import Any, Callable, Mapping, Sequence
@@ -194,19 +195,26 @@ TENSORFLOW_HOST_KERNELS = HostKernels(
     depthwise_conv2d_backprop_filter=depthwise_conv2d_backprop_filter,
 )
 
-PROVIDERS = {p.name: p for p in (NUMPY_HOST_KERNELS, TENSORFLOW_HOST_KERNELS)}
+AUTO_HOST_KERNELS = dataclasses.replace(TENSORFLOW_HOST_KERNELS, name="auto", matmul=_numpy.matmul,
+                                        batch_matmul=_numpy.batch_matmul)
+
+PROVIDERS = {p.name: p for p in (AUTO_HOST_KERNELS, NUMPY_HOST_KERNELS, TENSORFLOW_HOST_KERNELS)}
+
+_DESCRIPTIONS = {
+    "auto": "TensorFlow's CPU kernels (oneDNN) for the convolutions and numpy/OpenBLAS for the matmuls",
+    "tensorflow": f"TensorFlow's CPU kernels (oneDNN; {ENV_VAR}=tensorflow)",
+    "numpy": f"numpy/OpenBLAS ({ENV_VAR}=numpy)",
+}
 
 
 def system_host_kernels() -> HostKernels:
-    """The provider for a run on the simulated system: TensorFlow's kernels, or numpy/OpenBLAS when the
-    environment says CEREBRAS_TF_HOST_KERNELS=numpy. Logged once per process and choice."""
-    value = os.environ.get(ENV_VAR, "").strip().lower() or "tensorflow"
+    """The provider for a run on the simulated system: "auto" unless CEREBRAS_TF_HOST_KERNELS names another
+    (auto, tensorflow, numpy). Logged once per process and choice."""
+    value = os.environ.get(ENV_VAR, "").strip().lower() or "auto"
     if value not in PROVIDERS:
         raise ValueError(f"{ENV_VAR}={os.environ[ENV_VAR]!r}: expected one of {', '.join(sorted(PROVIDERS))}")
     if value not in _logged:
         _logged.add(value)
-        how = (f"TensorFlow's CPU kernels (oneDNN; {ENV_VAR}=numpy selects numpy/OpenBLAS)"
-               if value == "tensorflow" else f"numpy/OpenBLAS ({ENV_VAR}=numpy)")
-        tf.compat.v1.logging.info("The simulated WSE computes its matmuls and convolutions with %s, "
-                                  "in the WSE's numerics (half inputs, float32 accumulation).", how)
+        tf.compat.v1.logging.info("The simulated WSE computes with %s, in the WSE's numerics (half inputs, "
+                                  "float32 accumulation).", _DESCRIPTIONS[value])
     return PROVIDERS[value]

@@ -109,7 +109,7 @@ def _parity_model_fn(features, labels, mode, params):
     return EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
-@pytest.mark.parametrize("host_kernels", ["numpy", "tensorflow"])
+@pytest.mark.parametrize("host_kernels", ["auto", "numpy", "tensorflow"])
 def test_float32_numerics_match_the_cpu_estimator_step_by_step_for_50_adam_steps(tmp_path, float32_numerics,
                                                                                  host_kernels, monkeypatch):
     monkeypatch.setenv("CEREBRAS_TF_HOST_KERNELS", host_kernels)  # the run's provider (host_kernels_tf.py)

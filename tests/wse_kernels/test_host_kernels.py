@@ -106,13 +106,18 @@ def test_nchw_convolutions_match_nhwc_on_tensorflow(rng):
                                                                         {**nhwc, "filter_sizes": [3, 3, 3, 4]}))
 
 
-def test_the_system_provider_is_tensorflow_unless_the_environment_says_numpy(monkeypatch):
+def test_the_system_provider_is_auto_unless_the_environment_names_another(monkeypatch):
     monkeypatch.delenv(host_kernels_tf.ENV_VAR, raising=False)
-    assert host_kernels_tf.system_host_kernels() is TF_KERNELS
+    auto = host_kernels_tf.system_host_kernels()
+    assert auto is host_kernels_tf.AUTO_HOST_KERNELS and auto.name == "auto"
+    # convolutions from TensorFlow, matmuls from numpy/OpenBLAS
+    assert auto.conv2d_backprop_filter is TF_KERNELS.conv2d_backprop_filter
+    assert auto.depthwise_conv2d is TF_KERNELS.depthwise_conv2d
+    assert auto.matmul is NP_KERNELS.matmul and auto.batch_matmul is NP_KERNELS.batch_matmul
     monkeypatch.setenv(host_kernels_tf.ENV_VAR, "numpy")
     assert host_kernels_tf.system_host_kernels() is NP_KERNELS
     monkeypatch.setenv(host_kernels_tf.ENV_VAR, "TensorFlow")
     assert host_kernels_tf.system_host_kernels() is TF_KERNELS
     monkeypatch.setenv(host_kernels_tf.ENV_VAR, "mkl")
-    with pytest.raises(ValueError, match="CEREBRAS_TF_HOST_KERNELS='mkl': expected one of numpy, tensorflow"):
+    with pytest.raises(ValueError, match="CEREBRAS_TF_HOST_KERNELS='mkl': expected one of auto, numpy, tensorflow"):
         host_kernels_tf.system_host_kernels()
