@@ -102,15 +102,16 @@ def prepare(name: str) -> Prepared:
 
 def our_executor(prepared: Prepared, provider: str) -> Any:
     """The compiled program on the simulated WSE (numerics: the half dtype selected now), dynamic loss
-    scaling, with the host-kernel provider `provider` ("auto", "numpy" or "tensorflow")."""
+    scaling, with the host kernels `provider` names ("auto": as train(use_cs=True) picks them, "numpy" or
+    "tensorflow")."""
     from cerebras_tf.amp import GradScaler
     from cerebras_tf.compiler import initial
-    from cerebras_tf.host_kernels_tf import PROVIDERS
+    from cerebras_tf.host_kernels_tf import host_kernels_for
     from cerebras_tf.wse.executor import Executor
 
     program = prepared.estimator.compile(prepared.input_fn).program
     return Executor(program, initial.initial_values(prepared.model, program),
-                    grad_scaler=GradScaler(loss_scale="dynamic"), host_kernels=PROVIDERS[provider])
+                    grad_scaler=GradScaler(loss_scale="dynamic"), host_kernels=host_kernels_for(program, provider))
 
 
 @contextlib.contextmanager

@@ -10,9 +10,9 @@ Two levels, each side in its own subprocess:
     on the compiled program.
 Ours runs float16 numerics with dynamic loss scaling (and, for reference, float32 numerics:
 set_half_dtype("float32")), each on every host-kernel provider (cerebras_tf.host_kernels_tf):
-"/auto" (what train(use_cs=True) uses by default: TF's convolutions, OpenBLAS's matmuls),
-numpy/OpenBLAS ("/numpy") and TensorFlow's own CPU kernels ("/tensorflow"): at the step level
-handed to the Executor, at the train level through CEREBRAS_TF_HOST_KERNELS.
+numpy/OpenBLAS ("/numpy") and TensorFlow's own CPU kernels ("/tensorflow"); train(use_cs=True)
+takes the latter for a model with convolutions, the former otherwise (host_kernels_for): at the
+step level handed to the Executor, at the train level through CEREBRAS_TF_HOST_KERNELS.
 Models (benchmarks.bench_models): the MLP 784-500-300-10 (batch 256, Adam), the zoo CNN (conv + batch
 norm + pooling, Momentum) at 32x32x3, filters 32/64/64, batch 64, and the zoo transformer (BERT-style
 encoder, its own Adam with weight decay) at bench_models.TRANSFORMER_PARAMS (no target yet). Each side
@@ -141,7 +141,7 @@ def main() -> None:
         for level in args.levels.split(","):
             rows = {}
             for side in ("tf", *(f"ours-{numerics}/{provider}" for numerics in ("float16", "float32")
-                                 for provider in ("auto", "numpy", "tensorflow"))):
+                                 for provider in ("numpy", "tensorflow"))):
                 out = subprocess.run([sys.executable, "-m", "benchmarks.executor_bench", "--model", model_name,
                                       "--side", side, "--level", level, "--steps", str(args.steps)],
                                      capture_output=True, text=True, check=True, cwd=ROOT, env=env)

@@ -3,8 +3,8 @@
 For each model (benchmarks.bench_models: the MLP, the zoo CNN, the zoo transformer) the same training
 step, on the same batches, is timed on both sides, in this one process:
   - ours: cerebras_tf.wse.executor.Executor.step on the compiled program (dynamic loss scaling),
-    host kernels from cerebras_tf.host_kernels_tf.PROVIDERS ("auto" by default, as train(use_cs=True):
-    TF's convolutions, OpenBLAS's matmuls; `--provider numpy` or `tensorflow`), per numerics in
+    host kernels as train(use_cs=True) picks them (`--provider auto`, the default: TF's for a model with
+    convolutions, numpy/OpenBLAS's otherwise; or `numpy`, `tensorflow`), per numerics in
     --numerics (float16: half-precision
     emulation; float32: set_half_dtype("float32")). Each planned kernel's function is wrapped
     with a timer; its time is summed per kernel kind;
@@ -200,7 +200,7 @@ def main() -> None:
     parser.add_argument("--numerics", default="float16", help="ours: comma-separated half dtypes (float16, "
                                                              "bfloat16, float32 for float32 numerics)")
     parser.add_argument("--provider", default="auto", choices=("auto", "tensorflow", "numpy"),
-                        help="our host-kernel provider (cerebras_tf.host_kernels_tf.PROVIDERS)")
+                        help="our host kernels (cerebras_tf.host_kernels_tf.host_kernels_for)")
     args = parser.parse_args()
     bench_models.quiet_tf()
     from cerebras_tf import amp

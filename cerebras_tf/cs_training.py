@@ -64,7 +64,7 @@ def _train(checkpoints: "CheckpointWriter", estimator: EstimatorBase, settings: 
     values = checkpoints.starting_values(getattr(estimator, "warm_start_settings", None))
     half = settings.half_dtype
     executor = Executor(program, values, grad_scaler=checkpoints.starting_grad_scaler(half), half_dtype=half,
-                        host_kernels=system_host_kernels())
+                        host_kernels=system_host_kernels(program))
     host_checks = HostChecks(program, "training")  # the model's assertions and prints, after each step
     guard = DivergenceGuard(executor.grad_scaler)  # NaN loss, or stuck overflowing: stop before saving
     first = executor.global_step
@@ -432,7 +432,7 @@ def evaluate_on_system(estimator: EstimatorBase, settings: CSSettings, model: Ca
     """
     reader = tf.train.load_checkpoint(path)
     executor = Executor(program, checkpoint_values(model, program, path), half_dtype=settings.half_dtype,
-                        host_kernels=system_host_kernels())
+                        host_kernels=system_host_kernels(program))
     global_step = int(reader.get_tensor("global_step")) if reader.has_tensor("global_step") else 0
     host_checks = HostChecks(program, "evaluation")  # the model's assertions and prints, after each step
     losses: list[float] = []
@@ -478,7 +478,7 @@ def predict_on_system(estimator: EstimatorBase, settings: CSSettings, model: Cap
     if unknown:
         raise ValueError(f"predict_keys {unknown} are not among the model's predictions {sorted(keys)}.")
     executor = Executor(program, checkpoint_values(model, program, path), half_dtype=settings.half_dtype,
-                        host_kernels=system_host_kernels())
+                        host_kernels=system_host_kernels(program))
     _log.info("Predicting on the simulated WSE from %s.", path)
     host_checks = HostChecks(program, "prediction")  # the model's assertions and prints, after each step
     with _local_stream(input_fn, estimator.params) as batches:

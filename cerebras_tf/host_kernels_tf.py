@@ -18,19 +18,19 @@ operands, dilated gradients (and dilated strided or depthwise forwards),
 negative (cropping) explicit paddings. NCHW is transposed to NHWC around the
 call, as the numpy provider does, so TF builds without NCHW CPU kernels work.
 
-Three providers (`PROVIDERS`): "numpy" (numpy/OpenBLAS), "tensorflow" (every
-dense kernel from TF: with float32 numerics the run's dense arithmetic is then
-TF's own, summation order included) and "auto" (`AUTO_HOST_KERNELS`): each kernel
-from the library that runs it faster here: the convolutions and their gradients
-from TF (1.5-5x faster than im2col on OpenBLAS), matmul and batch matmul from
-OpenBLAS (faster than TF's at every shape benchmarks/kernels_bench.py and
-step_profile.py time, by 0.1-1 ms a call: the MLP's step 0.6x -> 0.9x of TF's).
-`system_host_kernels()` is the choice for a run on the simulated system: "auto",
-or what CEREBRAS_TF_HOST_KERNELS names.
+Two providers (`PROVIDERS`): "numpy" (numpy/OpenBLAS) and "tensorflow" (with
+float32 numerics the run's dense arithmetic is then TF's own, summation order
+included). A run uses one of them for every kernel: "auto" (`host_kernels_for`,
+the default of `system_host_kernels`, which CEREBRAS_TF_HOST_KERNELS overrides)
+takes TF's for a program with convolutions (1.5-5x faster than im2col on
+OpenBLAS) and numpy's otherwise (OpenBLAS's matmuls beat TF's at every shape
+benchmarks/kernels_bench.py times, by 0.1-1 ms a call: the MLP step 0.6x -> 0.9x
+of TF's). Never both in one run: OpenBLAS's threads keep spinning after a call
+and slow TF's next convolution on the same cores (the zoo CNN's step with TF's
+convolutions and OpenBLAS's matmuls: 55 ms, against 32 ms all on TF).
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 from typing import Any, Callable, Mapping, Sequence
@@ -38,12 +38,13 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
+from cerebras_tf import ir
 from cerebras_tf.wse.kernels import NUMPY_HOST_KERNELS, DenseKernel, HostKernels
 
 ENV_VAR = "CEREBRAS_TF_HOST_KERNELS"
 _R = tf.raw_ops
 _numpy = NUMPY_HOST_KERNELS
-_logged: set[str] = set()
+_logged: set[tuple[str, str]] = set()
 
 
 def _floats(inputs: Sequence[np.ndarray]) -> bool:
@@ -195,26 +196,32 @@ TENSORFLOW_HOST_KERNELS = HostKernels(
     depthwise_conv2d_backprop_filter=depthwise_conv2d_backprop_filter,
 )
 
-AUTO_HOST_KERNELS = dataclasses.replace(TENSORFLOW_HOST_KERNELS, name="auto", matmul=_numpy.matmul,
-                                        batch_matmul=_numpy.batch_matmul)
-
-PROVIDERS = {p.name: p for p in (AUTO_HOST_KERNELS, NUMPY_HOST_KERNELS, TENSORFLOW_HOST_KERNELS)}
-
-_DESCRIPTIONS = {
-    "auto": "TensorFlow's CPU kernels (oneDNN) for the convolutions and numpy/OpenBLAS for the matmuls",
-    "tensorflow": f"TensorFlow's CPU kernels (oneDNN; {ENV_VAR}=tensorflow)",
-    "numpy": f"numpy/OpenBLAS ({ENV_VAR}=numpy)",
-}
+PROVIDERS = {p.name: p for p in (NUMPY_HOST_KERNELS, TENSORFLOW_HOST_KERNELS)}
+CHOICES = ("auto", *PROVIDERS)
 
 
-def system_host_kernels() -> HostKernels:
-    """The provider for a run on the simulated system: "auto" unless CEREBRAS_TF_HOST_KERNELS names another
-    (auto, tensorflow, numpy). Logged once per process and choice."""
-    value = os.environ.get(ENV_VAR, "").strip().lower() or "auto"
-    if value not in PROVIDERS:
-        raise ValueError(f"{ENV_VAR}={os.environ[ENV_VAR]!r}: expected one of {', '.join(sorted(PROVIDERS))}")
-    if value not in _logged:
-        _logged.add(value)
-        tf.compat.v1.logging.info("The simulated WSE computes with %s, in the WSE's numerics (half inputs, "
-                                  "float32 accumulation).", _DESCRIPTIONS[value])
-    return PROVIDERS[value]
+def host_kernels_for(program: ir.Program, choice: str = "auto") -> HostKernels:
+    """The provider `choice` names, or for "auto" the faster one for `program`: TensorFlow's kernels when it
+    has convolutions, numpy/OpenBLAS otherwise (its matmuls are faster than TF's at every shape measured)."""
+    if choice != "auto":
+        return PROVIDERS[choice]
+    has_conv = any(ir.KINDS[k.kind] == "conv" for k in program.kernels)
+    return TENSORFLOW_HOST_KERNELS if has_conv else NUMPY_HOST_KERNELS
+
+
+def system_host_kernels(program: ir.Program) -> HostKernels:
+    """The provider for a run of `program` on the simulated system: CEREBRAS_TF_HOST_KERNELS's choice (auto,
+    tensorflow, numpy; default auto, see host_kernels_for). Logged once per process, choice and provider."""
+    choice = os.environ.get(ENV_VAR, "").strip().lower() or "auto"
+    if choice not in CHOICES:
+        raise ValueError(f"{ENV_VAR}={os.environ[ENV_VAR]!r}: expected one of {', '.join(sorted(CHOICES))}")
+    provider = host_kernels_for(program, choice)
+    if (choice, provider.name) not in _logged:
+        _logged.add((choice, provider.name))
+        library = ("TensorFlow's CPU kernels (oneDNN)" if provider is TENSORFLOW_HOST_KERNELS
+                   else "numpy/OpenBLAS")
+        why = (f"{ENV_VAR}={choice}" if choice != "auto" else "the program has convolutions"
+               if provider is TENSORFLOW_HOST_KERNELS else "the program has no convolutions")
+        tf.compat.v1.logging.info("The simulated WSE computes its matmuls and convolutions with %s (%s), in the "
+                                  "WSE's numerics (half inputs, float32 accumulation).", library, why)
+    return provider

@@ -15,7 +15,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from cerebras_tf import host_kernels_tf
+from cerebras_tf import host_kernels_tf, ir
 from cerebras_tf.host_kernels_tf import TENSORFLOW_HOST_KERNELS as TF_KERNELS
 from cerebras_tf.wse.kernels import NUMPY_HOST_KERNELS as NP_KERNELS
 from cerebras_tf.wse.kernels import HostKernels
@@ -106,18 +106,28 @@ def test_nchw_convolutions_match_nhwc_on_tensorflow(rng):
                                                                         {**nhwc, "filter_sizes": [3, 3, 3, 4]}))
 
 
+def _program(*kinds: str) -> ir.Program:
+    kernels = [ir.Kernel(i, kind, [], [], {}) for i, kind in enumerate(kinds)]
+    return ir.Program(mode="train", tensors=[], kernels=kernels, variables=[], inputs={}, outputs={})
+
+
+def test_auto_takes_tensorflow_for_a_program_with_convolutions_and_numpy_otherwise():
+    assert host_kernels_tf.host_kernels_for(_program("matmul", "conv2d_backprop_filter")) is TF_KERNELS
+    assert host_kernels_tf.host_kernels_for(_program("matmul", "depthwise_conv2d", "relu")) is TF_KERNELS
+    assert host_kernels_tf.host_kernels_for(_program("matmul", "batch_matmul", "relu")) is NP_KERNELS
+    assert host_kernels_tf.host_kernels_for(_program("matmul"), "tensorflow") is TF_KERNELS
+    assert host_kernels_tf.host_kernels_for(_program("conv2d"), "numpy") is NP_KERNELS
+
+
 def test_the_system_provider_is_auto_unless_the_environment_names_another(monkeypatch):
+    mlp, cnn = _program("matmul"), _program("conv2d", "matmul")
     monkeypatch.delenv(host_kernels_tf.ENV_VAR, raising=False)
-    auto = host_kernels_tf.system_host_kernels()
-    assert auto is host_kernels_tf.AUTO_HOST_KERNELS and auto.name == "auto"
-    # convolutions from TensorFlow, matmuls from numpy/OpenBLAS
-    assert auto.conv2d_backprop_filter is TF_KERNELS.conv2d_backprop_filter
-    assert auto.depthwise_conv2d is TF_KERNELS.depthwise_conv2d
-    assert auto.matmul is NP_KERNELS.matmul and auto.batch_matmul is NP_KERNELS.batch_matmul
+    assert host_kernels_tf.system_host_kernels(mlp) is NP_KERNELS
+    assert host_kernels_tf.system_host_kernels(cnn) is TF_KERNELS
     monkeypatch.setenv(host_kernels_tf.ENV_VAR, "numpy")
-    assert host_kernels_tf.system_host_kernels() is NP_KERNELS
+    assert host_kernels_tf.system_host_kernels(cnn) is NP_KERNELS
     monkeypatch.setenv(host_kernels_tf.ENV_VAR, "TensorFlow")
-    assert host_kernels_tf.system_host_kernels() is TF_KERNELS
+    assert host_kernels_tf.system_host_kernels(mlp) is TF_KERNELS
     monkeypatch.setenv(host_kernels_tf.ENV_VAR, "mkl")
     with pytest.raises(ValueError, match="CEREBRAS_TF_HOST_KERNELS='mkl': expected one of auto, numpy, tensorflow"):
-        host_kernels_tf.system_host_kernels()
+        host_kernels_tf.system_host_kernels(mlp)
