@@ -3,12 +3,13 @@
 The executor (wse/, TF-free) takes its dense arithmetic from a `HostKernels`
 provider; this one runs TensorFlow's ops on the numpy operands: MatMul,
 BatchMatMulV2, Conv2D, Conv2DBackpropInput/Filter, DepthwiseConv2dNative and
-its two gradients. Each distinct call (op, operand shapes, attrs) becomes a
-one-op graph in one tf.compat.v1.Session, built on first use and run through a
-callable: TF's graph passes then give it the oneDNN kernels a training graph
-gets, which eager calls of the same raw ops miss for some shapes (a 3-channel
-first layer's filter gradient: 2.0 ms eager, 0.95 ms in the session); a call
-costs about 0.25 ms more than the op itself. It is only the arithmetic: the WSE
+its two gradients. The matmuls are eager tf.raw_ops calls. Each distinct
+convolution call (op, operand shapes, attrs) becomes a one-op graph in one
+tf.compat.v1.Session, built on first use and run through a callable: TF's
+graph passes then give it the oneDNN kernels a training graph gets, which
+eager calls of the same raw ops miss for some shapes (a 3-channel first
+layer's filter gradient: 2.0 ms eager, 0.95 ms in the session); such a call
+costs about 0.2 ms more than an eager one, which only small ops would feel. It is only the arithmetic: the WSE
 kernels around it keep the numerics contract (float32 operands, already rounded to the half dtype;
 float32 accumulation; the result cast back), so a run differs from the numpy
 provider only by the order in which float32 products are summed.
@@ -87,16 +88,18 @@ def matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray
     """MatMul (TF's oneDNN sgemm); integer operands on numpy."""
     if not _floats(inputs):
         return _numpy.matmul(inputs, attrs)
-    kw = {"transpose_a": bool(attrs.get("transpose_a", False)), "transpose_b": bool(attrs.get("transpose_b", False))}
-    return _graphs.run(("MatMul", _freeze(kw)), lambda a, b: _R.MatMul(a=a, b=b, **kw), inputs)
+    a, b = inputs
+    return _R.MatMul(a=a, b=b, transpose_a=bool(attrs.get("transpose_a", False)),
+                     transpose_b=bool(attrs.get("transpose_b", False))).numpy()
 
 
 def batch_matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
     """BatchMatMulV2, broadcasting batch dimensions; integer operands on numpy."""
     if not _floats(inputs):
         return _numpy.batch_matmul(inputs, attrs)
-    kw = {"adj_x": bool(attrs.get("adj_x", False)), "adj_y": bool(attrs.get("adj_y", False))}
-    return _graphs.run(("BatchMatMulV2", _freeze(kw)), lambda a, b: _R.BatchMatMulV2(x=a, y=b, **kw), inputs)
+    a, b = inputs
+    return _R.BatchMatMulV2(x=a, y=b, adj_x=bool(attrs.get("adj_x", False)),
+                            adj_y=bool(attrs.get("adj_y", False))).numpy()
 
 
 class _Conv:
