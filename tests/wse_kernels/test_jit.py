@@ -2,7 +2,7 @@
 
 The numpy code is the one the TF-comparison tests check (they run both ways through the `jit` fixture);
 here every loop meets its numpy twin on inputs made to hit the edges: NaN, inf, signed zeros,
-subnormals, values beyond the half format's range, and arrays big enough to be split across threads.
+subnormals, values beyond the half format's range.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> None:
 
 
 @pytest.mark.parametrize("half", ["float16", "bfloat16", "cbfloat16"])
-@pytest.mark.parametrize("n", [1, 2047, 2049, 300_001])  # around a block; split across threads
+@pytest.mark.parametrize("n", [1, 2047, 2049, 300_001])  # around a block
 def test_half_rounding_is_the_reference_bit_for_bit(half, n, rng):
     x = _edgy(rng, n)[:n].reshape(-1, 1)
     fast, slow = _both(lambda: round_half(x, half))

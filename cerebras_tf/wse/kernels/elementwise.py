@@ -14,7 +14,7 @@ from cerebras_tf.amp import get_half_dtype
 from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._registry import KernelContext, KernelFn, np_dtype, register
 from cerebras_tf.wse.kernels.half import round_half
-from cerebras_tf.wse.threads import map_elementwise
+from cerebras_tf.wse.threads import STREAMING_MIN_ELEMENTS_PER_THREAD, map_elementwise
 
 try:  # scipy ships with the test extras; fall back to math.erf/erfc (exact, slower) without it
     from scipy.special import erf as _erf
@@ -63,7 +63,7 @@ def relu(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext)
     """max(x, 0) as np.maximum gives it: NaN kept, -0 -> +0; one pass split across threads (numba)."""
     x = inputs[0]
     if _jit.enabled() and x.dtype in (np.float32, np.float64):
-        return [map_elementwise(_relu_loop, x)]
+        return [map_elementwise(_relu_loop, x, min_per_thread=STREAMING_MIN_ELEMENTS_PER_THREAD)]
     return [np.maximum(x, np.zeros((), x.dtype))]
 
 

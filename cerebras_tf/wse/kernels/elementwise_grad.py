@@ -14,7 +14,7 @@ from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._registry import KernelContext, register
 from cerebras_tf.wse.kernels._select import keep_where
 from cerebras_tf.wse.kernels.elementwise import SELU_ALPHA, SELU_SCALE
-from cerebras_tf.wse.threads import map_elementwise
+from cerebras_tf.wse.threads import STREAMING_MIN_ELEMENTS_PER_THREAD, map_elementwise
 
 
 def _zero(x: np.ndarray) -> np.ndarray:
@@ -35,7 +35,7 @@ def relu_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelCon
     if g.shape != f.shape:
         return [keep_where(f > 0, g)]
     if _jit.enabled() and g.dtype == f.dtype and g.dtype in (np.float32, np.float64):
-        return [map_elementwise(_relu_grad, g, f)]
+        return [map_elementwise(_relu_grad, g, f, min_per_thread=STREAMING_MIN_ELEMENTS_PER_THREAD)]
     return [map_elementwise(lambda g_, f_, out: keep_where(f_ > 0, g_, out), g, f)]
 
 

@@ -13,6 +13,7 @@ from cerebras_tf.amp import FLOAT32_MODE, half_format, round_to_half
 from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._scratch import scratch
 from cerebras_tf.wse.memory import empty_aligned
+from cerebras_tf.wse.threads import STREAMING_MIN_ELEMENTS_PER_THREAD as STREAMING
 from cerebras_tf.wse.threads import split_range
 
 _MANTISSA_BITS = 23
@@ -69,7 +70,7 @@ def round_half(x: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.n
         split_range(flat.size, lambda lo, hi: _reference(flat[lo:hi], flat_out[lo:hi], dtype, in_place))
     xu, ru = flat.view(np.uint32), flat_out.view(np.uint32)
     if fmt.exponent_bits == 8:
-        split_range(flat.size, lambda lo, hi: _round_bfloat16(flat[lo:hi], xu[lo:hi], ru[lo:hi]))
+        split_range(flat.size, lambda lo, hi: _round_bfloat16(flat[lo:hi], xu[lo:hi], ru[lo:hi]), STREAMING)
         return out
     shift = _MANTISSA_BITS - fmt.mantissa_bits
     lo_bits = np.uint32((fmt.min_exponent + 127) << _MANTISSA_BITS)
@@ -81,7 +82,7 @@ def round_half(x: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.n
         block = scratch("round_half", (_BLOCK,))
         _round_narrow(flat[lo:hi], xu[lo:hi], ru[lo:hi], block, block.view(np.uint32), lo_bits, hi_bits, step, up,
                       down)
-    split_range(flat.size, work)
+    split_range(flat.size, work, STREAMING)
     return out
 
 

@@ -15,6 +15,7 @@ import numpy as np
 from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._registry import KernelContext, register
 from cerebras_tf.wse.kernels.data import gather
+from cerebras_tf.wse.threads import STREAMING_MIN_ELEMENTS_PER_THREAD as STREAMING
 from cerebras_tf.wse.threads import split_range
 
 
@@ -82,7 +83,8 @@ def apply_momentum(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Kern
     if _jit.enabled() and _flat_together(var, accum, grad):
         fv, fa, fg = (a.reshape(-1) for a in (var, accum, grad))
         nesterov = bool(attrs.get("use_nesterov"))
-        split_range(var.size, lambda lo, hi: _momentum(fv[lo:hi], fa[lo:hi], fg[lo:hi], lr, mom, nesterov))
+        split_range(var.size, lambda lo, hi: _momentum(fv[lo:hi], fa[lo:hi], fg[lo:hi], lr, mom, nesterov),
+                    STREAMING)
         return []
     accum *= mom
     accum += grad
@@ -158,7 +160,7 @@ def apply_adam(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelCo
     if _jit.enabled() and _flat_together(var, m, v, grad):
         c1, c2 = one - b1, one - b2
         split_range(var.size, lambda lo, hi: _adam(fv[lo:hi], fm[lo:hi], fvv[lo:hi], fg[lo:hi], alpha, b1, c1, c2, eps,
-                                                   nesterov))
+                                                   nesterov), STREAMING)
         return []
     split_range(var.size, lambda lo, hi: _adam_update(fv[lo:hi], fm[lo:hi], fvv[lo:hi], fg[lo:hi], alpha, b1, b2, eps,
                                                       nesterov))
