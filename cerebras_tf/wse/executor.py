@@ -26,11 +26,13 @@ accumulate in float32; weights and updates stay float32. With the half dtype
 set to "float32" (`cerebras_tf.amp.set_half_dtype("float32")`) nothing is
 rounded and a run matches TensorFlow on CPU step by step. The dense arithmetic
 (matmul, convolutions and their gradients) comes from `host_kernels`, a provider
-the caller may hand in (numpy/OpenBLAS by default; kernels/host_kernels.py).
+the caller may hand in (numpy/OpenBLAS by default; kernels/host_kernels.py); with a
+`concurrent` provider two neighbouring independent dense kernels run at once.
 """
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -39,6 +41,19 @@ from cerebras_tf.amp import FLOAT32_MODE, GradScaler, get_half_dtype
 from cerebras_tf import ir
 from cerebras_tf.wse.kernels import KERNELS, NUMPY_HOST_KERNELS, HostKernels, KernelContext, KernelInputError, np_dtype
 from cerebras_tf.wse.kernels.half import round_half
+
+# The kinds whose arithmetic comes from the host-kernel provider.
+_PROVIDED = frozenset(f.name for f in dataclasses.fields(HostKernels)) - {"name", "concurrent"}
+_beside_pool: ThreadPoolExecutor | None = None
+
+
+def _beside() -> ThreadPoolExecutor:
+    """The thread that runs a paired dense kernel beside the executor's own."""
+    global _beside_pool
+    if _beside_pool is None:
+        _beside_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wse-beside")
+    return _beside_pool
+
 
 # Kinds whose output may be a view of (or the same array as) an input.
 _MAY_ALIAS = frozenset({"reshape", "squeeze", "expand_dims", "unstack", "split", "split_v", "slice",
@@ -68,6 +83,7 @@ class _Planned:
     ctx: KernelContext
     frees: list[int]  # tensors this kernel reads last: dropped after it runs
     writes: bool  # writes variables (skipped on a non-finite step with a GradScaler)
+    with_next: bool = False  # runs while the next kernel runs on another thread (HostKernels.concurrent)
 
 
 def _read_shared(inputs: list[np.ndarray], attrs: Mapping, ctx: KernelContext) -> list[np.ndarray]:
@@ -179,24 +195,65 @@ class Executor:
                                        if self._last_use.get(t) == kernel.id and t not in self._keep))
             writes = bool(kernel.vars) and kernel.kind not in ir.READS_VARIABLES
             planned.append(_Planned(kernel, fn, ctx, frees, writes))
+        if self.host_kernels.concurrent:
+            self._pair_dense_kernels(planned)
         return planned
+
+    @staticmethod
+    def _pair_dense_kernels(planned: list[_Planned]) -> None:
+        """Mark each kernel that may run beside the next one: two neighbouring dense kernels (e.g. a
+        convolution's input and filter gradients) where the second reads nothing the first makes, neither
+        writes a variable nor has a guard. TF's executor runs such independent ops at once too."""
+        i = 0
+        while i + 1 < len(planned):
+            a, b = planned[i], planned[i + 1]
+            if (a.kernel.kind in _PROVIDED and b.kernel.kind in _PROVIDED and not (a.writes or b.writes)
+                    and a.kernel.guard is None and b.kernel.guard is None
+                    and not set(a.kernel.outputs) & set(b.kernel.reads)):
+                a.with_next = True
+                i += 2
+            else:
+                i += 1
 
     def _run(self, plan: list[_Planned], values: dict[int, np.ndarray], step: int, scale: float | None,
              skip_writes: bool = False) -> None:
         self._scale = scale
-        for p in plan:
+        i = 0
+        while i < len(plan):
+            p = plan[i]
+            if p.with_next:  # p and the next (unguarded, non-writing) run at once: the next on another thread
+                q = plan[i + 1]
+                beside = _beside().submit(self._call, q, [values[t] for t in q.kernel.inputs], step)
+                try:
+                    self._store(p, self._call(p, [values[t] for t in p.kernel.inputs], step), values)
+                finally:
+                    outputs = beside.result()
+                self._store(q, outputs, values)
+                i += 2
+                continue
             guard = p.kernel.guard
             if not (skip_writes and p.writes) and (guard is None or bool(values[guard])):
-                p.ctx.step = step
-                try:
-                    outputs = p.fn([values[t] for t in p.kernel.inputs], p.kernel.attrs, p.ctx)
-                except KernelInputError as error:  # TF's CPU kernel refuses this input: say which kernel
-                    error.kernel = p.kernel
-                    raise
-                for tid, value in zip(p.kernel.outputs, outputs):
-                    values[tid] = value
-            for tid in p.frees:
-                del values[tid]
+                self._store(p, self._call(p, [values[t] for t in p.kernel.inputs], step), values)
+            else:
+                self._store(p, [], values)
+            i += 1
+
+    @staticmethod
+    def _call(p: _Planned, inputs: list[np.ndarray], step: int) -> list[np.ndarray]:
+        p.ctx.step = step
+        try:
+            return p.fn(inputs, p.kernel.attrs, p.ctx)
+        except KernelInputError as error:  # TF's CPU kernel refuses this input: say which kernel
+            error.kernel = p.kernel
+            raise
+
+    @staticmethod
+    def _store(p: _Planned, outputs: list[np.ndarray], values: dict[int, np.ndarray]) -> None:
+        """p's outputs into `values`, then drop the tensors p read last."""
+        for tid, value in zip(p.kernel.outputs, outputs):
+            values[tid] = value
+        for tid in p.frees:
+            del values[tid]
 
     def _gradient_seed(self, inputs: list[np.ndarray], attrs: Mapping, ctx: KernelContext) -> list[np.ndarray]:
         out = self.program.tensors[self.program.kernels[ctx.salt].outputs[0]]
