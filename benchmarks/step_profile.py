@@ -26,9 +26,10 @@ kernel or op (ours: to_half, the half-precision rounding; TF's: Identity, NoOp, 
 "n" is the number of kernels / nodes run per step.
 
 TF runs independent ops concurrently (inter-op parallelism; intra-op threads too), so its per-op
-sum exceeds its wall time; ours runs one kernel after another (each may use the cores), so the
-sum of our kernels is at most our wall time, the rest being the executor's own work between
-kernels ("outside kernels").
+sum exceeds its wall time. Ours runs one kernel after another (each may use the cores), except
+that with TF's kernels two neighbouring independent dense kernels run at once (a convolution's
+input and filter gradients): "outside kernels" (our wall time minus the sum of our kernels: the
+executor's own work between kernels) is then too small, or negative.
 
     ./dev bench step_profile [--models mlp,cnn,transformer] [--steps 10] [--numerics float16,float32]
                              [--provider auto|tensorflow|numpy]
