@@ -4,8 +4,8 @@ The executor (wse/, TF-free) takes its dense arithmetic from a `HostKernels`
 provider; this one runs TensorFlow's ops on the numpy operands: MatMul,
 BatchMatMulV2, Conv2D, Conv2DBackpropInput/Filter, DepthwiseConv2dNative and
 its two gradients. The matmuls are eager tf.raw_ops calls. Each distinct
-convolution call (op, operand shapes, attrs) becomes a one-op graph in one
-tf.compat.v1.Session, built on first use and run through a callable: TF's
+convolution call (op, operand shapes, attrs) becomes a one-op graph with a
+tf.compat.v1.Session of its own, built on first use and run through a callable: TF's
 graph passes then give it the oneDNN kernels a training graph gets, which
 eager calls of the same raw ops miss for some shapes (a 3-channel first
 layer's filter gradient: 2.0 ms eager, 0.95 ms in the session); such a call
@@ -53,27 +53,28 @@ def _floats(inputs: Sequence[np.ndarray]) -> bool:
 
 
 class _OneOpGraphs:
-    """TF ops run as cached one-op graphs in one Session: `run(key, build, operands)` feeds the operands to
-    placeholders of their shapes and returns the result of `build(*placeholders)`, built once per `key`."""
+    """TF ops run as cached one-op graphs: `run(key, build, operands)` feeds the operands to placeholders of
+    their shapes and returns the result of `build(*placeholders)`, built once per key and shapes. Each has a
+    graph and Session of its own, so one is built while another runs on a second thread (a graph must not
+    change while a Session runs it)."""
 
     def __init__(self) -> None:
-        self._graph = tf.Graph()
-        self._session: Any = None
-        self._calls: dict[Any, Callable[..., np.ndarray]] = {}
+        self._calls: dict[Any, tuple[Any, Callable[..., np.ndarray]]] = {}
         self._lock = threading.Lock()
 
     def run(self, key: Any, build: Callable[..., Any], operands: Sequence[np.ndarray]) -> np.ndarray:
         key = (key, tuple(x.shape for x in operands))
-        call = self._calls.get(key)
-        if call is None:
+        built = self._calls.get(key)
+        if built is None:
+            graph = tf.Graph()
+            with graph.as_default():
+                placeholders = [tf.compat.v1.placeholder(tf.as_dtype(x.dtype), x.shape) for x in operands]
+                result = build(*placeholders)
+            session = tf.compat.v1.Session(graph=graph)
+            built = (session, session.make_callable(result, placeholders))
             with self._lock:
-                with self._graph.as_default():
-                    placeholders = [tf.compat.v1.placeholder(tf.as_dtype(x.dtype), x.shape) for x in operands]
-                    result = build(*placeholders)
-                if self._session is None:
-                    self._session = tf.compat.v1.Session(graph=self._graph)
-                call = self._calls[key] = self._session.make_callable(result, placeholders)
-        return np.asarray(call(*operands))
+                built = self._calls.setdefault(key, built)
+        return np.asarray(built[1](*operands))
 
 
 _graphs = _OneOpGraphs()
