@@ -91,17 +91,18 @@ def _max_pool_loop(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, p
 
 @_jit.jit
 def _max_pool_grad_loop(x: np.ndarray, grad_bits: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, pl: int,
-                        low: Any, overlap: bool, dx: np.ndarray, lo: int, hi: int) -> None:
+                        low: Any, overlap: bool, dx: np.ndarray, share: np.ndarray, share_bits: np.ndarray,
+                        lo: int, hi: int) -> None:
     """dx[n] (zeros on entry) += each window's gradient at its first tap equal to the window max, for n in
     [lo, hi); grad_bits is the gradient viewed as integers of its width. One output row of windows at a
     time, taps outermost (long inner loops), rows backwards: an input element then gets its windows'
-    shares in tap order. Branch-free: the gradient's bits are ANDed with an all-ones/zeros mask."""
+    shares in tap order. Branch-free: the gradient's bits are ANDed with an all-ones/zeros mask. share and
+    share_bits: an [ow, c] work array of dx's dtype and its integer view, made by the caller (a view made in
+    the loop would be of unknown layout and keep its loops from being vectorised)."""
     h, w, c = x.shape[1], x.shape[2], x.shape[3]
     oh, ow = grad_bits.shape[1], grad_bits.shape[2]
     best = np.empty((ow, c), x.dtype)
     free = np.empty((ow, c), grad_bits.dtype)  # all bits set until a tap of the window takes its gradient
-    share = np.empty((ow, c), dx.dtype)
-    share_bits = share.view(grad_bits.dtype)
     for n in range(lo, hi):
         for i0 in range(oh - 1, -1, -1):
             best[:] = low
@@ -226,8 +227,10 @@ def max_pool_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Kerne
         dx = empty_aligned((g.n, g.h, g.w, g.c), grad.dtype)
         dx.fill(0)
         bits, low = gn.view(f"i{gn.dtype.itemsize}"), _low(x.dtype)
-        split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _max_pool_grad_loop(
-            xn, bits, *_geometry(g), low, overlap, dx, lo, hi))
+        def work(lo: int, hi: int) -> None:
+            share = np.empty((g.ow, g.c), dx.dtype)
+            _max_pool_grad_loop(xn, bits, *_geometry(g), low, overlap, dx, share, share.view(bits.dtype), lo, hi)
+        split_units(g.n, g.h * g.w * g.c, work)
         return [_back(dx, g)]
     xp, best = _max(_nhwc(x, g), g)
     padded = bool(g.pt or g.pb or g.pl or g.pr)
