@@ -94,3 +94,16 @@ def test_optimizer_loops_are_the_reference_bit_for_bit(nesterov, n, rng):
             fast, slow = _both(update)
             for a, b in zip(fast, slow):
                 _same_bits(a, b)
+
+
+def test_with_the_loops_off_rounding_runs_the_reference_alone(monkeypatch):
+    from cerebras_tf.wse.kernels import half
+
+    def refused(*args):
+        raise AssertionError("the numba loop ran with the loops off")
+    monkeypatch.setattr(half, "_round_narrow", refused)
+    monkeypatch.setattr(half, "_round_bfloat16", refused)
+    x = np.linspace(-5, 5, 1001, dtype=F)
+    with _jit.use_jit(False):
+        for dtype in ("float16", "bfloat16"):
+            _same_bits(round_half(x, dtype), round_to_half(x, dtype))

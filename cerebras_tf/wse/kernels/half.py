@@ -68,6 +68,7 @@ def round_half(x: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.n
     fmt = half_format(dtype)
     if not _jit.enabled():
         split_range(flat.size, lambda lo, hi: _reference(flat[lo:hi], flat_out[lo:hi], dtype, in_place))
+        return out
     xu, ru = flat.view(np.uint32), flat_out.view(np.uint32)
     if fmt.exponent_bits == 8:
         split_range(flat.size, lambda lo, hi: _round_bfloat16(flat[lo:hi], xu[lo:hi], ru[lo:hi]), STREAMING)
