@@ -2,8 +2,9 @@
 
 `cerebras_tf.amp.round_to_half` is the reference (numpy, several passes over
 uint32 views); the numba loops here compute the same bits element by element
-(the same float32 operations in the same order), split across the host's
-cores. `round_half` picks the loop or the reference (`_jit.enabled()`).
+(the same float32 operations in the same order), on one thread below
+threads.STREAMING_MIN_ELEMENTS_PER_THREAD. `round_half` picks the loop or the
+reference (`_jit.enabled()`).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ _BLOCK = 2048  # elements per block: the three passes of a block stay in L1
 def _round_narrow(x: np.ndarray, xu: np.ndarray, ru: np.ndarray, block: np.ndarray, block_bits: np.ndarray,
                   lo: np.uint32, hi: np.uint32, step: np.uint32, up: np.float32,
                   down: np.float32) -> None:  # pragma: no cover - compiled by numba
-    """amp.dtypes._round_narrow block by block (xu: x's bits, ru: the output's bits, may be xu; block and
+    """amp.dtypes._round_narrow block by block (xu: x's bits, ru: the output's bits; block and
     block_bits: one float32 work block and its bits): C = 2**(clip(exponent(|x|)) + shift), |x| + C - C
     rounds to the format's quantum, two exact scalings overflow what is out of range to inf, then x's sign.
     Each inner loop is simple enough for the compiler to vectorise (which views made inside would stop)."""
@@ -53,21 +54,19 @@ def _round_bfloat16(x: np.ndarray, xu: np.ndarray, ru: np.ndarray) -> None:  # p
         ru[i] = u if x[i] != x[i] else (((u >> 16) & 1) + u + 0x7FFF) & 0xFFFF0000
 
 
-def round_half(x: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.ndarray:
-    """`amp.round_to_half(x, dtype)` as float32 of x's shape, into `out` when given (x itself allowed:
-    then x is rounded in place; otherwise out must not overlap x), on every core for a big x."""
-    in_place = out is x
+def round_half(x: np.ndarray, dtype: str) -> np.ndarray:
+    """`amp.round_to_half(x, dtype)`: a new float32 array of x's shape (64-byte aligned)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
-    if out is None:
-        out = empty_aligned(x.shape, np.float32)
+    out = empty_aligned(x.shape, np.float32)
     flat, flat_out = x.reshape(-1), out.reshape(-1)
     if dtype == FLOAT32_MODE:
-        if flat_out is not flat:
-            np.copyto(flat_out, flat)
+        np.copyto(flat_out, flat)
         return out
     fmt = half_format(dtype)
     if not _jit.enabled():
-        split_range(flat.size, lambda lo, hi: _reference(flat[lo:hi], flat_out[lo:hi], dtype, in_place))
+        def reference(lo: int, hi: int) -> None:
+            round_to_half(flat[lo:hi], dtype, flat_out[lo:hi])
+        split_range(flat.size, reference)
         return out
     xu, ru = flat.view(np.uint32), flat_out.view(np.uint32)
     if fmt.exponent_bits == 8:
@@ -86,9 +85,3 @@ def round_half(x: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.n
     split_range(flat.size, work, STREAMING)
     return out
 
-
-def _reference(x: np.ndarray, out: np.ndarray, dtype: str, in_place: bool) -> None:
-    if in_place:  # round_to_half needs distinct arrays
-        np.copyto(out, round_to_half(x, dtype))
-    else:
-        round_to_half(x, dtype, out)
