@@ -60,7 +60,8 @@ def _relu_loop(x: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - co
 
 @register("relu")
 def relu(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
-    """max(x, 0) as np.maximum gives it: NaN kept, -0 -> +0; one pass split across threads (numba)."""
+    """max(x, 0) as np.maximum gives it: NaN kept, -0 -> +0; one numba pass (on one thread
+    below threads.STREAMING_MIN_ELEMENTS_PER_THREAD)."""
     x = inputs[0]
     if _jit.enabled() and x.dtype in (np.float32, np.float64):
         return [map_elementwise(_relu_loop, x, min_per_thread=STREAMING_MIN_ELEMENTS_PER_THREAD)]
