@@ -5,14 +5,15 @@ provider; this one runs TensorFlow's ops on the numpy operands: MatMul,
 BatchMatMulV2, Conv2D, Conv2DBackpropInput/Filter, DepthwiseConv2dNative and
 its two gradients. The matmuls are eager tf.raw_ops calls. Each distinct
 convolution call (op, operand shapes, attrs) becomes a one-op graph with a
-tf.compat.v1.Session of its own, built on first use and run through a callable: TF's
-graph passes then give it the oneDNN kernels a training graph gets, which
-eager calls of the same raw ops miss for some shapes (a 3-channel first
-layer's filter gradient: 2.0 ms eager, 0.95 ms in the session); such a call
-costs about 0.2 ms more than an eager one, which only small ops would feel. It is only the arithmetic: the WSE
-kernels around it keep the numerics contract (float32 operands, already rounded to the half dtype;
-float32 accumulation; the result cast back), so a run differs from the numpy
-provider only by the order in which float32 products are summed.
+tf.compat.v1.Session of its own, built on first use and run through a
+callable: TF's graph passes then give it the oneDNN kernels a training graph
+gets, which eager calls of the same raw ops miss for some shapes (a 3-channel
+first layer's filter gradient: 2.0 ms eager, 0.95 ms in the session); such a
+call costs about 0.2 ms more than an eager one, which only small ops would
+feel. It is only the arithmetic: the WSE kernels around it keep the numerics
+contract (float32 operands, already rounded to the half dtype; float32
+accumulation; the result cast back), so a run differs from the numpy provider
+only by the order in which float32 products are summed.
 
 What TF's CPU kernels refuse goes to the numpy provider, call by call: integer
 operands, dilated gradients (and dilated strided or depthwise forwards),
