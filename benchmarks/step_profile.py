@@ -21,8 +21,9 @@ FusedBatchNormV3 -> fused_batch_norm, ResourceApplyAdam -> apply_adam, MatMul / 
 ...); the "TF ops" column names what was summed. TF's fused ops count on the row of their first
 part: _MklNativeFusedConv2D (conv + bias + relu) on conv2d, _MklNativeFusedMatMul / _FusedMatMul
 (matmul + bias [+ relu]) on matmul, _MklNativeFusedBatchNormEx (batch norm + relu) on
-fused_batch_norm, so their bias_add / relu rows are ours alone. "—" where a side has no such
-kernel or op (ours: to_half, the half-precision rounding; TF's: Identity, NoOp, _Retval, ...).
+fused_batch_norm. Ours likewise: a relu the executor fuses into its bias_add or fused_batch_norm
+(cerebras_tf/wse/fusion.py) counts on the producer's row. "—" where a side has no such kernel or op
+(ours: to_half, the half-precision rounding; TF's: Identity, NoOp, _Retval, ...).
 "n" is the number of kernels / nodes run per step.
 
 TF runs independent ops concurrently (inter-op parallelism; intra-op threads too), so its per-op

@@ -27,7 +27,9 @@ set to "float32" (`cerebras_tf.amp.set_half_dtype("float32")`) nothing is
 rounded and a run matches TensorFlow on CPU step by step. The dense arithmetic
 (matmul, convolutions and their gradients) comes from `host_kernels`, a provider
 the caller may hand in (numpy/OpenBLAS by default; kernels/host_kernels.py); with a
-`concurrent` provider two neighbouring independent dense kernels run at once.
+`concurrent` provider two neighbouring independent dense kernels run at once. A relu that
+is the only reader of a bias_add's or fused_batch_norm's output runs fused into it, in one
+pass and with the same bits (wse/fusion.py).
 """
 from __future__ import annotations
 
@@ -39,7 +41,9 @@ import numpy as np
 
 from cerebras_tf.amp import FLOAT32_MODE, GradScaler, get_half_dtype
 from cerebras_tf import ir
+from cerebras_tf.wse.fusion import fused_pairs
 from cerebras_tf.wse.kernels import KERNELS, NUMPY_HOST_KERNELS, HostKernels, KernelContext, KernelInputError, np_dtype
+from cerebras_tf.wse.kernels.fused import FUSED
 from cerebras_tf.wse.kernels.half import round_half
 
 # The kinds whose arithmetic comes from the host-kernel provider.
@@ -76,7 +80,7 @@ class StepResult:
 
 @dataclasses.dataclass
 class _Planned:
-    """One kernel, resolved once for every step."""
+    """One kernel (or a fused pair: the kernel and its `tail`), resolved once for every step."""
 
     kernel: ir.Kernel
     fn: Callable[[list[np.ndarray], Mapping, KernelContext], list[np.ndarray]]
@@ -84,6 +88,14 @@ class _Planned:
     frees: list[int]  # tensors this kernel reads last: dropped after it runs
     writes: bool  # writes variables (skipped on a non-finite step with a GradScaler)
     with_next: bool = False  # runs while the next kernel runs on another thread (HostKernels.concurrent)
+    tail: ir.Kernel | None = None  # fused into this one (wse/fusion.py): its output replaces kernel's first
+
+    @property
+    def outputs(self) -> list[int]:
+        """The tensors fn's results are stored as."""
+        if self.tail is None:
+            return self.kernel.outputs
+        return [self.tail.outputs[0], *self.kernel.outputs[1:]]
 
 
 def _read_shared(inputs: list[np.ndarray], attrs: Mapping, ctx: KernelContext) -> list[np.ndarray]:
@@ -114,6 +126,7 @@ class Executor:
         self._phases = ir.phases(program)
         self._keep = set(program.outputs.values()) | set(program.gradients)
         self._last_use = self._last_uses()
+        self._readers = self._readers_of()
         self._shared_reads = self._reads_without_copy()
         self._scale: float | None = None
         self._plans = tuple(self._plan(kernels) for kernels in self._phases)
@@ -182,9 +195,17 @@ class Executor:
     def _plan(self, kernels: list[ir.Kernel]) -> list[_Planned]:
         """Resolve each kernel once: its function, context, and the tensors it is the last to read."""
         planned = []
+        pairs = fused_pairs(kernels, self._readers, self._keep)
+        tails = {tail.id for tail in pairs.values()}
         for kernel in kernels:
-            if kernel.kind == "read_variable" and kernel.id in self._shared_reads:
-                fn: Callable[..., list[np.ndarray]] = _read_shared
+            if kernel.id in tails:
+                continue
+            tail = pairs.get(kernel.id)
+            fn: Callable[..., list[np.ndarray]]
+            if tail is not None:
+                fn = FUSED[(kernel.kind, tail.kind)]
+            elif kernel.kind == "read_variable" and kernel.id in self._shared_reads:
+                fn = _read_shared
             elif kernel.kind in ("gradient_seed", "to_half"):
                 fn = getattr(self, f"_{kernel.kind}")
             else:
@@ -194,7 +215,7 @@ class Executor:
             frees = list(dict.fromkeys(t for t in kernel.reads
                                        if self._last_use.get(t) == kernel.id and t not in self._keep))
             writes = bool(kernel.vars) and kernel.kind not in ir.READS_VARIABLES
-            planned.append(_Planned(kernel, fn, ctx, frees, writes))
+            planned.append(_Planned(kernel, fn, ctx, frees, writes, tail=tail))
         if self.host_kernels.concurrent:
             self._pair_dense_kernels(planned)
         return planned
@@ -209,7 +230,7 @@ class Executor:
             a, b = planned[i], planned[i + 1]
             if (a.kernel.kind in _PROVIDED and b.kernel.kind in _PROVIDED and not (a.writes or b.writes)
                     and a.kernel.guard is None and b.kernel.guard is None
-                    and not set(a.kernel.outputs) & set(b.kernel.reads)):
+                    and not set(a.outputs) & set(b.kernel.reads)):
                 a.with_next = True
                 i += 2
             else:
@@ -250,7 +271,7 @@ class Executor:
     @staticmethod
     def _store(p: _Planned, outputs: list[np.ndarray], values: dict[int, np.ndarray]) -> None:
         """p's outputs into `values`, then drop the tensors p read last."""
-        for tid, value in zip(p.kernel.outputs, outputs):
+        for tid, value in zip(p.outputs, outputs):
             values[tid] = value
         for tid in p.frees:
             del values[tid]
@@ -310,6 +331,15 @@ class Executor:
         result = self.grad_scaler.unscale_and_check([values[t] for t in ids])
         values.update(zip(ids, result.grads))
         return bool(result.finite)
+
+    def _readers_of(self) -> dict[int, list[int]]:
+        """Tensor id -> the ids of the kernels that read it (each once)."""
+        readers: dict[int, list[int]] = {}
+        for kernels in self._phases:
+            for kernel in kernels:
+                for tid in dict.fromkeys(kernel.reads):
+                    readers.setdefault(tid, []).append(kernel.id)
+        return readers
 
     def _last_uses(self) -> dict[int, int]:
         last: dict[int, int] = {}

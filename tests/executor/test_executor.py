@@ -178,3 +178,26 @@ def test_the_gradient_seed_drives_every_gradient(tmp_path):
             np.testing.assert_allclose(doubled.variables()[variable.name] - start[variable.name], 2 * delta,
                                        rtol=1e-4, atol=1e-7, err_msg=variable.name)
             assert np.abs(delta).max() > 0
+
+
+def test_fused_relus_give_the_results_of_the_kernels_one_at_a_time(tmp_path, monkeypatch):
+    """The zoo CNN's bias_add -> relu and fused_batch_norm -> relu run fused (wse/fusion.py); the losses and
+    weights after a few float16 steps are those of the unfused kernels, bit for bit."""
+    from cerebras_tf.wse import executor as executor_module
+    from examples.zoo import cnn
+    params = {"batch_size": 8, "image_size": 12, "filters": [4, 8, 8], "num_examples": 64}
+    model, program, start = _compiled(tmp_path, casts=True, model_fn=cnn.model_fn, input_fn=cnn.input_fn,
+                                      params=params)
+    batches = [b for b, _ in zip(cnn.input_fn(params).as_numpy_iterator(), range(4))]
+    runs = []
+    for fuse in (True, False):
+        if not fuse:
+            monkeypatch.setattr(executor_module, "fused_pairs", lambda *args: {})
+        executor = Executor(program, start, grad_scaler=GradScaler(loss_scale="dynamic"))
+        fused = sorted((p.kernel.kind, p.tail.kind) for plan in executor._plans for p in plan if p.tail)
+        assert fused == ([("bias_add", "relu"), ("fused_batch_norm", "relu")] if fuse else [])
+        losses = [executor.step(features, labels).loss for features, labels in batches]
+        runs.append((losses, executor.variables()))
+    assert runs[0][0] == runs[1][0]
+    for name, value in runs[0][1].items():
+        np.testing.assert_array_equal(value, runs[1][1][name], err_msg=name)

@@ -199,3 +199,19 @@ def test_pow_with_a_scalar_exponent(exponent, rng):
     with np.errstate(all="ignore"):
         got = run("pow", [x, F(exponent)])[0]
     check(got, R.Pow(x=x, y=F(exponent)), rtol=3e-7, atol=0)
+
+
+@pytest.mark.parametrize("shape,data_format", [((6, 5), "NHWC"), ((2, 3, 4, 5), "NHWC"), ((2, 5, 3, 4), "NCHW")])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_bias_add_relu_is_the_two_kernels_bit_for_bit(shape, data_format, dtype, rng, jit):
+    from cerebras_tf.wse.kernels.fused import FUSED
+    x = rng.standard_normal(shape).astype(dtype)
+    x.flat[:3] = [np.nan, -0.0, np.inf]
+    b = rng.standard_normal(shape[1] if data_format == "NCHW" else shape[-1]).astype(dtype)
+    b[1] = 0.0
+    attrs = {"data_format": data_format}
+    fused = FUSED[("bias_add", "relu")]([x, b], attrs, None)[0]
+    expected = run("relu", run("bias_add", [x, b], attrs))[0]
+    assert fused.dtype == expected.dtype
+    np.testing.assert_array_equal(fused, expected)
+    assert not np.signbit(fused[~np.isnan(fused)]).any()

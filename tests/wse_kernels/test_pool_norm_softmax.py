@@ -248,3 +248,19 @@ def test_sparse_xent_out_of_range_label_raises_what_tfs_cpu_kernel_raises(rng, l
     with pytest.raises(KernelInputError) as ours:
         run("sparse_softmax_cross_entropy", [x, labels])
     assert str(ours.value) == theirs.value.message.split("}} ", 1)[-1].split(" [Op:")[0]
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_fused_batch_norm_relu_is_the_two_kernels_bit_for_bit(training, rng, jit):
+    from cerebras_tf.wse.kernels.fused import FUSED
+    x = rng.standard_normal((4, 5, 6, 3)).astype(np.float32)
+    x[0, 0, 0] = [np.nan, -0.0, 0.0]
+    inputs = [x, rng.random(3).astype(np.float32) + 0.5, rng.standard_normal(3).astype(np.float32),
+              rng.standard_normal(3).astype(np.float32), rng.random(3).astype(np.float32) + 0.5]
+    attrs = {"epsilon": 1e-3, "is_training": training}
+    separate = run("fused_batch_norm", inputs, attrs)
+    fused = FUSED[("fused_batch_norm", "relu")](inputs, attrs, None)
+    np.testing.assert_array_equal(fused[0], run("relu", [separate[0]])[0])
+    assert not np.signbit(fused[0][~np.isnan(fused[0])]).any()
+    for a, b in zip(fused[1:], separate[1:]):
+        np.testing.assert_array_equal(a, b)

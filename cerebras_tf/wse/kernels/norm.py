@@ -82,6 +82,18 @@ def _normalize(x2: np.ndarray, mean: np.ndarray, factor: np.ndarray, offset: np.
 
 
 @_jit.jit
+def _normalize_relu(x2: np.ndarray, mean: np.ndarray, factor: np.ndarray, offset: np.ndarray, y: np.ndarray,
+                    lo: int, hi: int) -> None:
+    """y = relu((x2 - mean) * factor + offset) on rows [lo, hi), relu as elementwise.relu."""
+    c = x2.shape[1]
+    zero = y.dtype.type(0)
+    for r in range(lo, hi):
+        for k in range(c):
+            v = (x2[r, k] - mean[k]) * factor[k] + offset[k]
+            y[r, k] = v if v > 0 or v != v else zero
+
+
+@_jit.jit
 def _grad_dx(dy2: np.ndarray, x2: np.ndarray, mean: np.ndarray, dy_mean: np.ndarray, coef: np.ndarray,
              factor: np.ndarray, dx: np.ndarray, lo: int, hi: int) -> None:
     """dx = ((dy2 - dy_mean) - (x2 - mean) * coef) * factor on rows [lo, hi)."""
@@ -117,10 +129,16 @@ def _channel_sums_jit(x2: np.ndarray, mean: np.ndarray | None = None) -> np.ndar
     return partial.sum(axis=0, dtype=np.float32)
 
 
-def _normalize_jit(x2: np.ndarray, mean: np.ndarray, factor: np.ndarray, offset: np.ndarray) -> np.ndarray:
+def _normalize_jit(x2: np.ndarray, mean: np.ndarray, factor: np.ndarray, offset: np.ndarray,
+                   relu: bool) -> np.ndarray:
     y = empty_aligned(x2.shape, np.float32)
-    split_units(x2.shape[0], x2.shape[1], lambda lo, hi: _normalize(x2, mean, factor, offset, y, lo, hi))
+    loop = _normalize_relu if relu else _normalize
+    split_units(x2.shape[0], x2.shape[1], lambda lo, hi: loop(x2, mean, factor, offset, y, lo, hi))
     return y
+
+
+def _relu_numpy(y: np.ndarray, relu: bool) -> np.ndarray:
+    return np.maximum(y, np.zeros((), y.dtype), out=y) if relu else y
 
 
 def _layout(x: np.ndarray, attrs: Mapping[str, Any]) -> tuple[np.ndarray, bool]:
@@ -157,6 +175,12 @@ def _channel_dot(aw: np.ndarray, bw: np.ndarray, k: int) -> np.ndarray:
 
 @register("fused_batch_norm")
 def fused_batch_norm(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    return batch_norm(inputs, attrs)
+
+
+def batch_norm(inputs: list[np.ndarray], attrs: Mapping[str, Any], relu: bool = False) -> list[np.ndarray]:
+    """fused_batch_norm's outputs; with `relu`, y is passed through relu as it is written (the same bits
+    as the relu kernel on y)."""
     x, scale, offset, mean, var = inputs
     eps = np.float32(attrs.get("epsilon", 1e-4))
     f = np.float32(attrs.get("exponential_avg_factor", 1.0))
@@ -165,9 +189,9 @@ def fused_batch_norm(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Ke
     if not attrs.get("is_training", True):
         sf = (1 / np.sqrt(np.asarray(var, np.float32) + eps)) * scale
         if _jit.enabled():
-            y = _normalize_jit(np.ascontiguousarray(x2), _f32(mean), _f32(sf), _f32(offset))
+            y = _normalize_jit(np.ascontiguousarray(x2), _f32(mean), _f32(sf), _f32(offset), relu)
         else:
-            y = (x2 - mean) * sf + offset
+            y = _relu_numpy((x2 - mean) * sf + offset, relu)
         return [_restore(y, x, nc), np.array(mean, np.float32), np.array(var, np.float32),
                 np.array(mean, np.float32), np.array(var, np.float32), empty]
     n = x2.shape[0]
@@ -176,7 +200,7 @@ def fused_batch_norm(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Ke
         bmean = _channel_sums_jit(x2) * np.float32(1.0 / n)
         bvar = _channel_sums_jit(x2, bmean) * np.float32(1.0 / n)
         sf = (1 / np.sqrt(bvar + eps)) * scale
-        y = _normalize_jit(x2, bmean, _f32(sf), _f32(offset))
+        y = _normalize_jit(x2, bmean, _f32(sf), _f32(offset), relu)
     else:
         xw, k = _wide(x2)
         bmean = _channel_sum(xw, k) * np.float32(1.0 / n)
@@ -185,6 +209,7 @@ def fused_batch_norm(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Ke
         sf = (1 / np.sqrt(bvar + eps)) * scale
         y *= np.tile(sf, k)
         y += np.tile(np.asarray(offset, np.float32), k)
+        y = _relu_numpy(y, relu)
     adjust = np.float32(n / max(n - 1, 1))
     if f == 1:
         run_mean, run_var = bmean.copy(), bvar * adjust

@@ -1,0 +1,58 @@
+"""Kernel pairs the executor runs as one kernel: a producer and the relu that is the only reader of its
+first output (bias_add -> relu, fused_batch_norm -> relu), as TF's CPU graph fuses them too.
+
+`FUSED[(producer kind, tail kind)]` is a KernelFn taking the producer's inputs and attrs and returning
+the producer's outputs with the first one passed through the tail. Each gives the same bits as the two
+kernels one after the other (the tail applied to the float32 values the producer would have stored), in
+one pass over memory instead of two; other dtypes and layouts compose the two registered kernels.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from cerebras_tf.wse.kernels import _jit
+from cerebras_tf.wse.kernels._registry import KERNELS, KernelContext, KernelFn
+from cerebras_tf.wse.kernels.norm import batch_norm
+from cerebras_tf.wse.memory import empty_aligned
+from cerebras_tf.wse.threads import STREAMING_MIN_ELEMENTS_PER_THREAD, split_range
+
+
+@_jit.jit
+def _bias_relu(x2: np.ndarray, b: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:  # pragma: no cover
+    """out = relu(x2 + b) on rows [lo, hi): relu as elementwise.relu (NaN kept, -0 -> +0)."""
+    zero = x2.dtype.type(0)
+    c = x2.shape[1]
+    for r in range(lo, hi):
+        for k in range(c):
+            v = x2[r, k] + b[k]
+            out[r, k] = v if v > 0 or v != v else zero
+
+
+def bias_add_relu(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    """relu(bias_add(x, b)) in one pass (NHWC-style: the bias along the last axis)."""
+    x, b = inputs
+    channels_first = str(attrs.get("data_format", "NHWC")).startswith("NC") and x.ndim >= 3
+    if not (_jit.enabled() and not channels_first and x.ndim >= 1 and x.dtype == b.dtype
+            and x.dtype in (np.float32, np.float64) and b.shape == x.shape[-1:]):
+        return KERNELS["relu"](KERNELS["bias_add"](inputs, attrs, ctx), {}, ctx)
+    x2 = np.ascontiguousarray(x).reshape(-1, x.shape[-1])
+    out = empty_aligned(x.shape, x.dtype)
+    out2, b = out.reshape(x2.shape), np.ascontiguousarray(b)
+    rows = x2.shape[0]
+    split_range(rows, lambda lo, hi: _bias_relu(x2, b, out2, lo, hi),
+                max(1, STREAMING_MIN_ELEMENTS_PER_THREAD // max(x2.shape[1], 1)))
+    return [out]
+
+
+def fused_batch_norm_relu(inputs: list[np.ndarray], attrs: Mapping[str, Any],
+                          ctx: KernelContext) -> list[np.ndarray]:
+    """fused_batch_norm with relu applied to y as it is written."""
+    return batch_norm(inputs, attrs, relu=True)
+
+
+FUSED: dict[tuple[str, str], KernelFn] = {
+    ("bias_add", "relu"): bias_add_relu,
+    ("fused_batch_norm", "relu"): fused_batch_norm_relu,
+}

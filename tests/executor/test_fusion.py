@@ -1,0 +1,44 @@
+"""Which kernel pairs the executor fuses (wse/fusion.py): only a relu that is the sole reader of its
+producer's first output, where nothing else needs that output."""
+from __future__ import annotations
+
+from cerebras_tf import ir
+from cerebras_tf.wse.fusion import fused_pairs
+
+
+def _kernel(kid: int, kind: str, inputs: list[int], outputs: list[int], **kw) -> ir.Kernel:
+    return ir.Kernel(id=kid, kind=kind, inputs=inputs, outputs=outputs, attrs={}, **kw)
+
+
+def _readers(kernels: list[ir.Kernel]) -> dict[int, list[int]]:
+    readers: dict[int, list[int]] = {}
+    for k in kernels:
+        for t in dict.fromkeys(k.reads):
+            readers.setdefault(t, []).append(k.id)
+    return readers
+
+
+def _pairs(kernels: list[ir.Kernel], keep: set[int] = frozenset()) -> dict[int, str]:
+    return {pid: tail.kind for pid, tail in fused_pairs(kernels, _readers(kernels), keep).items()}
+
+
+def test_a_relu_that_alone_reads_a_bias_add_is_fused_even_with_kernels_between():
+    kernels = [_kernel(0, "bias_add", [1, 2], [3]), _kernel(1, "mul", [1, 1], [4]), _kernel(2, "relu", [3], [5])]
+    assert _pairs(kernels) == {0: "relu"}
+
+
+def test_no_fusion_when_the_intermediate_has_another_reader_is_kept_or_the_kind_pair_is_unknown():
+    shared = [_kernel(0, "bias_add", [1, 2], [3]), _kernel(1, "relu", [3], [4]), _kernel(2, "neg", [3], [5])]
+    assert _pairs(shared) == {}
+    kept = [_kernel(0, "bias_add", [1, 2], [3]), _kernel(1, "relu", [3], [4])]
+    assert _pairs(kept, keep={3}) == {}
+    other = [_kernel(0, "add", [1, 2], [3]), _kernel(1, "relu", [3], [4])]
+    assert _pairs(other) == {}
+
+
+def test_no_fusion_of_a_guarded_kernel_or_a_tail_in_another_phase():
+    guarded = [_kernel(0, "bias_add", [1, 2], [3]), _kernel(1, "relu", [3], [4], guard=9)]
+    assert _pairs(guarded) == {}
+    producer_only = [_kernel(0, "fused_batch_norm", [1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11])]
+    readers = {6: [1]}  # read by a kernel of another phase
+    assert fused_pairs(producer_only, readers, set()) == {}
