@@ -20,7 +20,12 @@ encoder, its own Adam with weight decay) at bench_models.TRANSFORMER_PARAMS (no 
 runs in its own subprocess so peak RSS is its own; both read the same pre-made batches' worth of work per step.
 
     ./dev bench executor_bench [--steps 100] [--models mlp,cnn,transformer] [--levels train,step]
-                                [--openblas-coretype NAME]
+                                [--rounds 1] [--openblas-coretype NAME]
+
+With --rounds N every side is measured N times, the sides in a rotated order each round (so none is
+always first after another); a row reports the median steps/s over the rounds, its ratio to the median
+of TF's, and the range of the per-round ratios (each round's side against that round's TF): this
+machine's run-to-run noise (10-20%) otherwise decides a ratio near a target.
 
 Our matmuls and convolutions run on numpy's bundled OpenBLAS, whose kernels an
 OPENBLAS_CORETYPE in the environment pins (e.g. "Haswell": AVX2 only, even on an AVX-512
@@ -128,6 +133,7 @@ def main() -> None:
                         help="none (default: leave the environment), auto (unset: OpenBLAS picks kernels for "
                              "this CPU), or an OpenBLAS core name such as Haswell or SkylakeX")
     parser.add_argument("--levels", default="train,step")
+    parser.add_argument("--rounds", type=int, default=1, help="measure every side this many times (median)")
     parser.add_argument("--side", help=argparse.SUPPRESS)
     parser.add_argument("--level", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -140,20 +146,30 @@ def main() -> None:
           + "; ".join(bench_models.DESCRIPTIONS[name] for name in args.models.split(",")) + "; "
           f"OPENBLAS_CORETYPE={env.get('OPENBLAS_CORETYPE', '(unset: chosen by OpenBLAS)')}")
     width = max(len("model"), *(len(name) for name in args.models.split(",")))
-    print(f"{'model':<{width}} {'level':<6} {'side':<24} {'steps/s':>9} {'vs TF':>7} {'peak RSS MB':>12}")
+    ranged = args.rounds > 1
+    print(f"{'model':<{width}} {'level':<6} {'side':<24} {'steps/s':>9} {'vs TF':>7}"
+          + (f" {'per round':>13}" if ranged else "") + f" {'peak RSS MB':>12}")
+    sides = ("tf", *(f"ours-{numerics}/{provider}" for numerics in ("float16", "float32")
+                     for provider in ("numpy", "tensorflow")))
     for model_name in args.models.split(","):
         for level in args.levels.split(","):
-            rows = {}
-            for side in ("tf", *(f"ours-{numerics}/{provider}" for numerics in ("float16", "float32")
-                                 for provider in ("numpy", "tensorflow"))):
-                out = subprocess.run([sys.executable, "-m", "benchmarks.executor_bench", "--model", model_name,
-                                      "--side", side, "--level", level, "--steps", str(args.steps)],
-                                     capture_output=True, text=True, check=True, cwd=ROOT, env=env)
-                rows[side] = json.loads(out.stdout.strip().splitlines()[-1])
-            for side, row in rows.items():
-                ratio = row["steps_per_sec"] / rows["tf"]["steps_per_sec"]
-                print(f"{model_name:<{width}} {level:<6} {side:<24} {row['steps_per_sec']:>9.1f} {ratio:>6.2f}x "
-                      f"{row['peak_rss_mb']:>12.0f}")
+            rows: dict[str, list[dict]] = {side: [] for side in sides}
+            for r in range(args.rounds):
+                for side in sides[r % len(sides):] + sides[:r % len(sides)]:
+                    out = subprocess.run([sys.executable, "-m", "benchmarks.executor_bench", "--model", model_name,
+                                          "--side", side, "--level", level, "--steps", str(args.steps)],
+                                         capture_output=True, text=True, check=True, cwd=ROOT, env=env)
+                    rows[side].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            tf_rates = [row["steps_per_sec"] for row in rows["tf"]]
+            for side, measured in rows.items():
+                rates = [row["steps_per_sec"] for row in measured]
+                rate, ratio = statistics.median(rates), statistics.median(rates) / statistics.median(tf_rates)
+                line = f"{model_name:<{width}} {level:<6} {side:<24} {rate:>9.1f} {ratio:>6.2f}x"
+                if ranged:
+                    ratios = [ours / tf for ours, tf in zip(rates, tf_rates)]
+                    line += f" {min(ratios):>5.2f}-{max(ratios):.2f}x"
+                print(line + f" {max(row['peak_rss_mb'] for row in measured):>12.0f}")
+
 
 if __name__ == "__main__":
     main()
