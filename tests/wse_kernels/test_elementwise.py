@@ -184,10 +184,23 @@ def test_grad_y_dy(kind, rng):
 
 
 @pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
-def test_bias_add_grad(fmt, rng):
+def test_bias_add_grad(fmt, rng, jit):
     g = rng.normal(size=(3, 4, 5, 6)).astype(F)
     check(run("bias_add_grad", [g], {"data_format": fmt})[0], R.BiasAddGrad(out_backprop=g, data_format=fmt),
           rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(4096, 2), (64, 9, 9, 3), (7, 300), (5, 1), (2, 3, 1000)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_bias_add_grad_loop_gives_numpys_sums_bit_for_bit(shape, dtype, rng):
+    from cerebras_tf.wse.kernels import _jit
+    g = rng.normal(size=shape).astype(dtype)
+    with _jit.use_jit(True):
+        ours = run("bias_add_grad", [g])[0]
+    with _jit.use_jit(False):
+        reference = run("bias_add_grad", [g])[0]
+    assert ours.dtype == reference.dtype == dtype
+    np.testing.assert_array_equal(ours, reference)
 
 
 @pytest.mark.parametrize("exponent", [0.5, 2.0, 3.0, -0.5, -1.0, 1.7])
