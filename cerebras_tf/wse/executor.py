@@ -197,6 +197,7 @@ class Executor:
         planned = []
         pairs = fused_pairs(kernels, self._readers, self._keep)
         tails = {tail.id for tail in pairs.values()}
+        position = {k.id: i for i, k in enumerate(kernels)}
         for kernel in kernels:
             if kernel.id in tails:
                 continue
@@ -214,6 +215,11 @@ class Executor:
                                 host_kernels=self.host_kernels)
             frees = list(dict.fromkeys(t for t in kernel.reads
                                        if self._last_use.get(t) == kernel.id and t not in self._keep))
+            if tail is not None:  # what the tail read last, unless a kernel between the two reads it too
+                frees += [t for t in dict.fromkeys(tail.reads[1:]) if self._last_use.get(t) == tail.id
+                          and t not in self._keep and t not in frees
+                          and all(r in (kernel.id, tail.id) or position.get(r, -1) < position[kernel.id]
+                                  for r in self._readers[t])]
             writes = bool(kernel.vars) and kernel.kind not in ir.READS_VARIABLES
             planned.append(_Planned(kernel, fn, ctx, frees, writes, tail=tail))
         if self.host_kernels.concurrent:

@@ -1,9 +1,10 @@
 """Which kernel pairs of a program the executor runs as one fused kernel (kernels/fused.py).
 
 A pair is a producer and a tail of a kind pair in `FUSED` where the tail is the only kernel reading the
-producer's first output, reads nothing else, and that output is not streamed out or kept (a gradient);
-neither kernel is guarded nor writes a variable. Running the tail at the producer's place is then safe:
-everything it reads exists there, and nothing else sees the intermediate tensor, which is never stored.
+producer's first output, takes it as its first input and otherwise reads only the producer's inputs, and
+that output is not streamed out or kept (a gradient); neither kernel is guarded nor writes a variable.
+Running the tail at the producer's place is then safe: everything it reads exists there, and nothing
+else sees the intermediate tensor, which is never stored.
 The program (its kernels, the report, the placement) is unchanged: fusion is how the simulator's host
 computes it.
 """
@@ -31,6 +32,7 @@ def fused_pairs(kernels: Sequence[ir.Kernel], readers: Mapping[int, Sequence[int
             continue
         tail = by_id[reading[0]]
         if ((producer.kind, tail.kind) in FUSED and tail.guard is None and not tail.vars
-                and list(tail.inputs) == [first] and position[tail.id] > position[producer.id]):
+                and tail.inputs[:1] == [first] and set(tail.inputs[1:]) <= set(producer.inputs)
+                and position[tail.id] > position[producer.id]):
             pairs[producer.id] = tail
     return pairs

@@ -42,3 +42,20 @@ def test_no_fusion_of_a_guarded_kernel_or_a_tail_in_another_phase():
     producer_only = [_kernel(0, "fused_batch_norm", [1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11])]
     readers = {6: [1]}  # read by a kernel of another phase
     assert fused_pairs(producer_only, readers, set()) == {}
+
+
+def test_a_tail_may_also_read_the_producers_inputs_but_nothing_else():
+    from cerebras_tf.wse.kernels import fused
+    pair = ("bias_add", "relu")
+    original = dict(fused.FUSED)
+    try:
+        fused.FUSED[("bias_add", "mul")] = fused.FUSED[pair]
+        own_input = [_kernel(0, "bias_add", [1, 2], [3]), _kernel(1, "mul", [3, 1], [4])]
+        assert _pairs(own_input) == {0: "mul"}
+        other = [_kernel(0, "bias_add", [1, 2], [3]), _kernel(1, "mul", [3, 7], [4])]
+        assert _pairs(other) == {}
+        second = [_kernel(0, "bias_add", [1, 2], [3]), _kernel(1, "mul", [1, 3], [4])]
+        assert _pairs(second) == {}
+    finally:
+        fused.FUSED.clear()
+        fused.FUSED.update(original)
