@@ -171,6 +171,34 @@ def test_pool_numba_loops_are_bit_identical_to_numpy(geometry, padding, fmt, dty
         _assert_bits_equal(jitted[0], plain[0])
 
 
+TILINGS = [((3, 32, 32, 8), 2, "VALID"), ((3, 33, 33, 8), 2, "VALID"), ((3, 33, 33, 8), 2, "SAME"),
+           ((2, 7, 7, 5), 3, "SAME"), ((2, 9, 8, 5), 3, "VALID")]
+
+
+@pytest.mark.parametrize("shape,k,padding", TILINGS, ids=[f"{s[1]}x{s[2]}k{k}{p}" for s, k, p in TILINGS])
+def test_max_pool_grad_non_overlapping_windows(shape, k, padding, rng):
+    """Stride = kernel: windows that tile the input (32x32 VALID; SAME, padded on one side or both), that
+    leave its last row and column out (33x33 VALID, 9x8 VALID); ties (rounded values, +0 and -0),
+    infinities and non-finite gradients: the numba loop gives the numpy code's bits and TF's; with NaN
+    in the input and a -0 gradient, the numpy code's bits."""
+    x = np.round(rng.normal(size=shape) * 1.5).astype(F)
+    zeros = np.flatnonzero(x == 0)
+    x.flat[zeros] = np.where(rng.random(zeros.size) < 0.5, -0.0, 0.0).astype(F)
+    x.flat[rng.choice(x.size, 4, replace=False)] = [np.inf, -np.inf, np.inf, -np.inf]
+    attrs = _pool_attrs((k, k), (k, k), padding, "NHWC")
+    kw = dict(ksize=[1, k, k, 1], strides=[1, k, k, 1], padding=padding)
+    y = R.MaxPool(input=x, **kw)
+    g = rng.normal(size=y.shape).astype(F)
+    g.flat[:3] = [np.inf, np.nan, -np.inf]
+    jitted, plain = _both_ways("max_pool_grad", [x, y.numpy(), g], attrs)
+    _assert_bits_equal(jitted[0], plain[0])
+    _assert_bits_equal(jitted[0], R.MaxPoolGrad(orig_input=x, orig_output=y, grad=g, **kw).numpy())
+    x.flat[rng.choice(x.size, 6, replace=False)] = np.nan
+    g.flat[3] = -0.0  # routed as is (TF adds it to a zero: +0)
+    jitted, plain = _both_ways("max_pool_grad", [x, y.numpy(), g], attrs)
+    _assert_bits_equal(jitted[0], plain[0])
+
+
 @pytest.mark.parametrize("kind", ["max_pool", "max_pool_grad", "avg_pool", "avg_pool_grad"])
 def test_pool_numba_loops_split_across_threads_are_bit_identical(kind, rng, monkeypatch):
     """Big enough to be split by image across several threads (three here, whatever the host has)."""

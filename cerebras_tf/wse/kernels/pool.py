@@ -13,6 +13,9 @@ numpy code's result bit for bit: the window max keeps np.maximum's choices
 first tap equal to the max, and the sums add the same terms in the same order
 (an input element receives its windows' shares in tap order, which is the
 windows' reverse row-major order, so the gradient loops walk windows backwards).
+max_pool_grad has a second loop for non-overlapping windows (stride >= kernel,
+as in 2x2/2 pooling): it writes each covered element once, its window's
+gradient or 0, so dx is zero-filled only when some element is in no window.
 """
 from __future__ import annotations
 
@@ -91,14 +94,13 @@ def _max_pool_loop(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, p
 
 @_jit.jit
 def _max_pool_grad_loop(x: np.ndarray, grad_bits: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, pl: int,
-                        low: Any, overlap: bool, dx: np.ndarray, share: np.ndarray, share_bits: np.ndarray,
-                        lo: int, hi: int) -> None:
-    """dx[n] (zeros on entry) += each window's gradient at its first tap equal to the window max, for n in
-    [lo, hi); grad_bits is the gradient viewed as integers of its width. One output row of windows at a
-    time, taps outermost (long inner loops), rows backwards: an input element then gets its windows'
-    shares in tap order. Branch-free: the gradient's bits are ANDed with an all-ones/zeros mask. share and
-    share_bits: an [ow, c] work array of dx's dtype and its integer view, made by the caller (a view made in
-    the loop would be of unknown layout and keep its loops from being vectorised)."""
+                        low: Any, dx: np.ndarray, share: np.ndarray, share_bits: np.ndarray, lo: int, hi: int) -> None:
+    """Overlapping windows: dx[n] (zeros on entry) += each window's gradient at its first tap equal to the
+    window max, for n in [lo, hi); grad_bits is the gradient viewed as integers of its width. One output
+    row of windows at a time, taps outermost (long inner loops), rows backwards: an input element then
+    gets its windows' shares in tap order. Branch-free: the gradient's bits are ANDed with an all-ones/zeros
+    mask. share and share_bits: an [ow, c] work array of dx's dtype and its integer view, made by the caller
+    (a view made in the loop would be of unknown layout and keep its loops from being vectorised)."""
     h, w, c = x.shape[1], x.shape[2], x.shape[3]
     oh, ow = grad_bits.shape[1], grad_bits.shape[2]
     best = np.empty((ow, c), x.dtype)
@@ -136,12 +138,54 @@ def _max_pool_grad_loop(x: np.ndarray, grad_bits: np.ndarray, kh: int, kw: int, 
                         q = j0 * sw + j - pl
                         if q < 0 or q >= w:
                             continue
-                        if overlap:
-                            for k in range(c):
-                                dx[n, r, q, k] += share[j0, k]
-                        else:  # each input element belongs to one window at most
-                            for k in range(c):
-                                dx[n, r, q, k] = share[j0, k]
+                        for k in range(c):
+                            dx[n, r, q, k] += share[j0, k]
+
+
+@_jit.jit
+def _max_pool_grad_tiles(x: np.ndarray, grad_bits: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int,
+                         pl: int, dx_bits: np.ndarray, lo: int, hi: int) -> None:
+    """Non-overlapping windows (kh <= sh, kw <= sw): dx_bits[n] (dx viewed as integers) gets, at every tap of
+    every window for n in [lo, hi), the window's gradient bits at the first tap equal to the window max and
+    0 at its other taps; elements in no window are not written. One output row of windows at a time, in
+    one walk over the taps that keeps the running max (np.maximum's choices: NaN propagates) and the first
+    tap to reach it (a strictly greater value moves it), then one walk that writes; a window whose max is
+    NaN routes no gradient (no tap equals NaN)."""
+    h, w, c = x.shape[1], x.shape[2], x.shape[3]
+    oh, ow = grad_bits.shape[1], grad_bits.shape[2]
+    none = grad_bits.dtype.type(kh * kw)  # no valid tap seen yet: the first valid tap is taken, whatever its value
+    best = np.empty((ow, c), x.dtype)
+    first = np.empty((ow, c), grad_bits.dtype)
+    for n in range(lo, hi):
+        for i0 in range(oh):
+            first[:] = none
+            for i in range(kh):
+                r = i0 * sh + i - pt
+                if r < 0 or r >= h:
+                    continue
+                for j in range(kw):
+                    t = grad_bits.dtype.type(i * kw + j)  # of first's width: no widening in the loops
+                    for j0 in range(ow):
+                        q = j0 * sw + j - pl
+                        if q < 0 or q >= w:
+                            continue
+                        for k in range(c):
+                            a, b, f = best[j0, k], x[n, r, q, k], first[j0, k]
+                            first[j0, k] = t if (b > a) | (f == none) else f
+                            best[j0, k] = a if ((a > b) | (a != a)) & (f != none) else b  # np.maximum(a, b)
+            for i in range(kh):
+                r = i0 * sh + i - pt
+                if r < 0 or r >= h:
+                    continue
+                for j in range(kw):
+                    t = grad_bits.dtype.type(i * kw + j)  # of first's width: no widening in the loops
+                    for j0 in range(ow):
+                        q = j0 * sw + j - pl
+                        if q < 0 or q >= w:
+                            continue
+                        for k in range(c):
+                            hit = (first[j0, k] == t) & (best[j0, k] == best[j0, k])
+                            dx_bits[n, r, q, k] = grad_bits[n, i0, j0, k] & -grad_bits.dtype.type(hit)
 
 
 @_jit.jit
@@ -215,21 +259,35 @@ def max_pool(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelCont
     return [_back(_max(_nhwc(x, g), g)[1], g)]
 
 
+def _tiled(g: Geom) -> bool:
+    """Whether the windows tile the (padded) input: no overlap, no gaps, every input element in a window."""
+    return g.kh == g.sh and g.kw == g.sw and g.oh * g.sh - g.pt >= g.h and g.ow * g.sw - g.pl >= g.w
+
+
 @register("max_pool_grad")
 def max_pool_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
     """MaxPoolGrad(orig_input, orig_output, grad): each window's gradient goes to the first tap
-    (row-major) equal to the window max, recomputed from orig_input as TF does; padding never wins."""
+    (row-major) equal to the window max, recomputed from orig_input as TF does; padding never wins.
+    With numba: non-overlapping windows take _max_pool_grad_tiles (no zero fill when the windows tile
+    the input), overlapping ones _max_pool_grad_loop; both split by image across the host's threads."""
     x, _, grad = inputs
     g = _geom(attrs, x.shape)
     overlap = g.kh > g.sh or g.kw > g.sw
     if _jit_ok(x, grad):
         xn, gn = np.ascontiguousarray(_nhwc(x, g)), np.ascontiguousarray(_nhwc(grad, g))
         dx = empty_aligned((g.n, g.h, g.w, g.c), grad.dtype)
-        dx.fill(0)
         bits, low = gn.view(f"i{gn.dtype.itemsize}"), _low(x.dtype)
+        if not overlap:
+            if not _tiled(g):
+                dx.fill(0)  # elements in no window
+            dx_bits = dx.view(bits.dtype)
+            split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _max_pool_grad_tiles(
+                xn, bits, *_geometry(g), dx_bits, lo, hi))
+            return [_back(dx, g)]
+        dx.fill(0)
         def work(lo: int, hi: int) -> None:
             share = np.empty((g.ow, g.c), dx.dtype)
-            _max_pool_grad_loop(xn, bits, *_geometry(g), low, overlap, dx, share, share.view(bits.dtype), lo, hi)
+            _max_pool_grad_loop(xn, bits, *_geometry(g), low, dx, share, share.view(bits.dtype), lo, hi)
         split_units(g.n, g.h * g.w * g.c, work)
         return [_back(dx, g)]
     xp, best = _max(_nhwc(x, g), g)
