@@ -28,8 +28,8 @@ rounded and a run matches TensorFlow on CPU step by step. The dense arithmetic
 (matmul, convolutions and their gradients) comes from `host_kernels`, a provider
 the caller may hand in (numpy/OpenBLAS by default; kernels/host_kernels.py); with a
 `concurrent` provider two neighbouring independent dense kernels run at once. A relu that
-is the only reader of a bias_add's or fused_batch_norm's output runs fused into it, in one
-pass and with the same bits (wse/fusion.py).
+is the only reader of a bias_add's or fused_batch_norm's output runs fused into it, as does
+a relu_grad into the max_pool_grad before it: one pass, the same bits (wse/fusion.py).
 """
 from __future__ import annotations
 
@@ -204,7 +204,7 @@ class Executor:
             tail = pairs.get(kernel.id)
             fn: Callable[..., list[np.ndarray]]
             if tail is not None:
-                fn = FUSED[(kernel.kind, tail.kind)]
+                fn = FUSED[(kernel.kind, tail.kind)].fn
             elif kernel.kind == "read_variable" and kernel.id in self._shared_reads:
                 fn = _read_shared
             elif kernel.kind in ("gradient_seed", "to_half"):

@@ -1,8 +1,9 @@
 """Which kernel pairs of a program the executor runs as one fused kernel (kernels/fused.py).
 
 A pair is a producer and a tail of a kind pair in `FUSED` where the tail is the only kernel reading the
-producer's first output, takes it as its first input and otherwise reads only the producer's inputs, and
-that output is not streamed out or kept (a gradient); neither kernel is guarded nor writes a variable.
+producer's first output, takes it as its first input and then exactly the producer inputs the pair's
+`tail_reads` names, and that output is not streamed out or kept (a gradient); neither kernel is guarded
+nor writes a variable.
 Running the tail at the producer's place is then safe: everything it reads exists there, and nothing
 else sees the intermediate tensor, which is never stored.
 The program (its kernels, the report, the placement) is unchanged: fusion is how the simulator's host
@@ -31,8 +32,9 @@ def fused_pairs(kernels: Sequence[ir.Kernel], readers: Mapping[int, Sequence[int
         if len(reading) != 1 or first in keep or reading[0] not in by_id:
             continue
         tail = by_id[reading[0]]
-        if ((producer.kind, tail.kind) in FUSED and tail.guard is None and not tail.vars
-                and tail.inputs[:1] == [first] and set(tail.inputs[1:]) <= set(producer.inputs)
+        fused = FUSED.get((producer.kind, tail.kind))
+        if (fused is not None and tail.guard is None and not tail.vars
+                and tail.inputs == [first, *(producer.inputs[i] for i in fused.tail_reads)]
                 and position[tail.id] > position[producer.id]):
             pairs[producer.id] = tail
     return pairs

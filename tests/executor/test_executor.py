@@ -181,8 +181,9 @@ def test_the_gradient_seed_drives_every_gradient(tmp_path):
 
 
 def test_fused_relus_give_the_results_of_the_kernels_one_at_a_time(tmp_path, monkeypatch):
-    """The zoo CNN's bias_add -> relu and fused_batch_norm -> relu run fused (wse/fusion.py); the losses and
-    weights after a few float16 steps are those of the unfused kernels, bit for bit."""
+    """The zoo CNN's bias_add -> relu, fused_batch_norm -> relu and max_pool_grad -> relu_grad run fused
+    (wse/fusion.py); the losses and weights after a few float16 steps are those of the unfused kernels, bit
+    for bit."""
     from cerebras_tf.wse import executor as executor_module
     from examples.zoo import cnn
     params = {"batch_size": 8, "image_size": 12, "filters": [4, 8, 8], "num_examples": 64}
@@ -195,7 +196,8 @@ def test_fused_relus_give_the_results_of_the_kernels_one_at_a_time(tmp_path, mon
             monkeypatch.setattr(executor_module, "fused_pairs", lambda *args: {})
         executor = Executor(program, start, grad_scaler=GradScaler(loss_scale="dynamic"))
         fused = sorted((p.kernel.kind, p.tail.kind) for plan in executor._plans for p in plan if p.tail)
-        assert fused == ([("bias_add", "relu"), ("fused_batch_norm", "relu")] if fuse else [])
+        assert fused == ([("bias_add", "relu"), ("fused_batch_norm", "relu"), ("max_pool_grad", "relu_grad")]
+                         if fuse else [])
         losses = [executor.step(features, labels).loss for features, labels in batches]
         runs.append((losses, executor.variables()))
     assert runs[0][0] == runs[1][0]

@@ -44,18 +44,12 @@ def test_no_fusion_of_a_guarded_kernel_or_a_tail_in_another_phase():
     assert fused_pairs(producer_only, readers, set()) == {}
 
 
-def test_a_tail_may_also_read_the_producers_inputs_but_nothing_else():
-    from cerebras_tf.wse.kernels import fused
-    pair = ("bias_add", "relu")
-    original = dict(fused.FUSED)
-    try:
-        fused.FUSED[("bias_add", "mul")] = fused.FUSED[pair]
-        own_input = [_kernel(0, "bias_add", [1, 2], [3]), _kernel(1, "mul", [3, 1], [4])]
-        assert _pairs(own_input) == {0: "mul"}
-        other = [_kernel(0, "bias_add", [1, 2], [3]), _kernel(1, "mul", [3, 7], [4])]
-        assert _pairs(other) == {}
-        second = [_kernel(0, "bias_add", [1, 2], [3]), _kernel(1, "mul", [1, 3], [4])]
-        assert _pairs(second) == {}
-    finally:
-        fused.FUSED.clear()
-        fused.FUSED.update(original)
+def test_a_tail_reads_after_the_intermediate_exactly_the_producer_inputs_its_pair_names():
+    """max_pool_grad(x, y, g) -> relu_grad(dx, x): fused only when the relu_grad's features are x."""
+    def pool_grad(features: int) -> list[ir.Kernel]:
+        return [_kernel(0, "max_pool_grad", [1, 2, 3], [4]), _kernel(1, "relu_grad", [4, features], [5])]
+    assert _pairs(pool_grad(features=1)) == {0: "relu_grad"}
+    assert _pairs(pool_grad(features=2)) == {}  # the pooled output, not what was pooled
+    assert _pairs(pool_grad(features=7)) == {}
+    swapped = [_kernel(0, "max_pool_grad", [1, 2, 3], [4]), _kernel(1, "relu_grad", [1, 4], [5])]
+    assert _pairs(swapped) == {}

@@ -287,8 +287,30 @@ def test_fused_batch_norm_relu_is_the_two_kernels_bit_for_bit(training, rng, jit
               rng.standard_normal(3).astype(np.float32), rng.random(3).astype(np.float32) + 0.5]
     attrs = {"epsilon": 1e-3, "is_training": training}
     separate = run("fused_batch_norm", inputs, attrs)
-    fused = FUSED[("fused_batch_norm", "relu")](inputs, attrs, None)
+    fused = FUSED[("fused_batch_norm", "relu")].fn(inputs, attrs, None)
     np.testing.assert_array_equal(fused[0], run("relu", [separate[0]])[0])
     assert not np.signbit(fused[0][~np.isnan(fused[0])]).any()
     for a, b in zip(fused[1:], separate[1:]):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("shape,ksize,strides,padding", [
+    ((2, 8, 8, 3), 2, 2, "VALID"),   # tiles the input
+    ((2, 9, 9, 3), 2, 2, "VALID"),   # a row and column in no window
+    ((2, 7, 7, 3), 3, 3, "SAME"),    # padded
+    ((2, 7, 7, 3), 3, 2, "SAME"),    # overlapping: max_pool_grad, then relu_grad
+])
+def test_fused_max_pool_grad_relu_grad_is_the_two_kernels_bit_for_bit(shape, ksize, strides, padding, rng, jit):
+    from cerebras_tf.wse.kernels.fused import FUSED
+    x = np.maximum(rng.standard_normal(shape), 0).astype(np.float32)  # a relu's output: many zeros, ties
+    x[0, :2, :2, 0] = 0.0
+    x[1, 0, 0, 1] = np.inf
+    attrs = {"ksize": [1, ksize, ksize, 1], "strides": [1, strides, strides, 1], "padding": padding}
+    y = run("max_pool", [x], attrs)[0]
+    g = rng.standard_normal(y.shape).astype(np.float32)
+    g[0, 0, 0, 2] = -0.0
+    inputs = [x, y, g]
+    fused = FUSED[("max_pool_grad", "relu_grad")].fn(inputs, attrs, None)[0]
+    expected = run("relu_grad", [run("max_pool_grad", inputs, attrs)[0], x])[0]
+    assert fused.dtype == expected.dtype
+    np.testing.assert_array_equal(fused.view(np.uint32), expected.view(np.uint32))

@@ -1,13 +1,16 @@
-"""Kernel pairs the executor runs as one kernel: a producer and the relu that is the only reader of its
-first output (bias_add -> relu, fused_batch_norm -> relu), as TF's CPU graph fuses them too.
+"""Kernel pairs the executor runs as one kernel: a producer and the tail that is the only reader of its
+first output: bias_add -> relu and fused_batch_norm -> relu (as TF's CPU graph fuses them too), and
+max_pool_grad -> relu_grad where the relu's output is what was pooled (the gradient through a conv
+block's relu + max pool).
 
-`FUSED[(producer kind, tail kind)]` is a KernelFn taking the producer's inputs and attrs and returning
-the producer's outputs with the first one passed through the tail. Each gives the same bits as the two
-kernels one after the other (the tail applied to the float32 values the producer would have stored), in
-one pass over memory instead of two; other dtypes and layouts compose the two registered kernels.
+`FUSED[(producer kind, tail kind)]` is a `Fused`: `fn` takes the producer's inputs and attrs and returns
+the producer's outputs with the first one passed through the tail; `tail_reads` are the producer inputs
+(by index) the tail takes after that first output. Each gives the same bits as the two kernels one after
+the other, in one pass over memory instead of two; other dtypes and layouts compose the two kernels.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 import numpy as np
@@ -15,6 +18,7 @@ import numpy as np
 from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._registry import KERNELS, KernelContext, KernelFn
 from cerebras_tf.wse.kernels.norm import batch_norm
+from cerebras_tf.wse.kernels.pool import max_pool_grad_relu_grad
 from cerebras_tf.wse.memory import empty_aligned
 from cerebras_tf.wse.threads import STREAMING_MIN_ELEMENTS_PER_THREAD, split_range
 
@@ -52,7 +56,14 @@ def fused_batch_norm_relu(inputs: list[np.ndarray], attrs: Mapping[str, Any],
     return batch_norm(inputs, attrs, relu=True)
 
 
-FUSED: dict[tuple[str, str], KernelFn] = {
-    ("bias_add", "relu"): bias_add_relu,
-    ("fused_batch_norm", "relu"): fused_batch_norm_relu,
+@dataclasses.dataclass(frozen=True)
+class Fused:
+    fn: KernelFn
+    tail_reads: tuple[int, ...] = ()  # producer input indices the tail reads after the producer's output
+
+
+FUSED: dict[tuple[str, str], Fused] = {
+    ("bias_add", "relu"): Fused(bias_add_relu),
+    ("fused_batch_norm", "relu"): Fused(fused_batch_norm_relu),
+    ("max_pool_grad", "relu_grad"): Fused(max_pool_grad_relu_grad, tail_reads=(0,)),  # relu_grad(dx, x)
 }

@@ -27,6 +27,7 @@ from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._registry import KernelContext, register
 from cerebras_tf.wse.kernels._select import keep_where
 from cerebras_tf.wse.kernels._split import split_units
+from cerebras_tf.wse.kernels.elementwise_grad import relu_grad as relu_grad_kernel
 from cerebras_tf.wse.memory import empty_aligned
 from cerebras_tf.wse.kernels.conv_geometry import Geom
 
@@ -144,15 +145,17 @@ def _max_pool_grad_loop(x: np.ndarray, grad_bits: np.ndarray, kh: int, kw: int, 
 
 @_jit.jit
 def _max_pool_grad_tiles(x: np.ndarray, grad_bits: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int,
-                         pl: int, dx_bits: np.ndarray, lo: int, hi: int) -> None:
+                         pl: int, relu_grad: bool, dx_bits: np.ndarray, lo: int, hi: int) -> None:
     """Non-overlapping windows (kh <= sh, kw <= sw): dx_bits[n] (dx viewed as integers) gets, at every tap of
     every window for n in [lo, hi), the window's gradient bits at the first tap equal to the window max and
     0 at its other taps; elements in no window are not written. One output row of windows at a time, in
     one walk over the taps that keeps the running max (np.maximum's choices: NaN propagates) and the first
     tap to reach it (a strictly greater value moves it), then one walk that writes; a window whose max is
-    NaN routes no gradient (no tap equals NaN)."""
+    NaN routes no gradient (no tap equals NaN). With relu_grad, a tap whose x is not > 0 gets 0 too:
+    relu_grad(dx, x) in the same walk."""
     h, w, c = x.shape[1], x.shape[2], x.shape[3]
     oh, ow = grad_bits.shape[1], grad_bits.shape[2]
+    every = not relu_grad
     none = grad_bits.dtype.type(kh * kw)  # no valid tap seen yet: the first valid tap is taken, whatever its value
     best = np.empty((ow, c), x.dtype)
     first = np.empty((ow, c), grad_bits.dtype)
@@ -184,7 +187,7 @@ def _max_pool_grad_tiles(x: np.ndarray, grad_bits: np.ndarray, kh: int, kw: int,
                         if q < 0 or q >= w:
                             continue
                         for k in range(c):
-                            hit = (first[j0, k] == t) & (best[j0, k] == best[j0, k])
+                            hit = (first[j0, k] == t) & (best[j0, k] == best[j0, k]) & (every | (x[n, r, q, k] > 0))
                             dx_bits[n, r, q, k] = grad_bits[n, i0, j0, k] & -grad_bits.dtype.type(hit)
 
 
@@ -270,6 +273,21 @@ def max_pool_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Kerne
     (row-major) equal to the window max, recomputed from orig_input as TF does; padding never wins.
     With numba: non-overlapping windows take _max_pool_grad_tiles (no zero fill when the windows tile
     the input), overlapping ones _max_pool_grad_loop; both split by image across the host's threads."""
+    return _max_pool_grad(inputs, attrs, ctx, relu_grad=False)
+
+
+def max_pool_grad_relu_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any],
+                            ctx: KernelContext) -> list[np.ndarray]:
+    """relu_grad(max_pool_grad(x, y, grad), x): the pooled input x is a relu's output and its gradient goes
+    on through that relu; for non-overlapping windows with numba, in max_pool_grad's own walk."""
+    return _max_pool_grad(inputs, attrs, ctx, relu_grad=True)
+
+
+def _max_pool_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext,
+                   relu_grad: bool) -> list[np.ndarray]:
+    if relu_grad and not (_jit_ok(inputs[0], inputs[2]) and inputs[0].dtype == inputs[2].dtype):
+        dx = _max_pool_grad(inputs, attrs, ctx, relu_grad=False)[0]
+        return relu_grad_kernel([dx, inputs[0]], {}, ctx)
     x, _, grad = inputs
     g = _geom(attrs, x.shape)
     overlap = g.kh > g.sh or g.kw > g.sw
@@ -282,8 +300,10 @@ def max_pool_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Kerne
                 dx.fill(0)  # elements in no window
             dx_bits = dx.view(bits.dtype)
             split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _max_pool_grad_tiles(
-                xn, bits, *_geometry(g), dx_bits, lo, hi))
+                xn, bits, *_geometry(g), relu_grad, dx_bits, lo, hi))
             return [_back(dx, g)]
+        if relu_grad:
+            return relu_grad_kernel([_max_pool_grad(inputs, attrs, ctx, relu_grad=False)[0], x], {}, ctx)
         dx.fill(0)
         def work(lo: int, hi: int) -> None:
             share = np.empty((g.ow, g.c), dx.dtype)
