@@ -285,12 +285,11 @@ def max_pool_grad_relu_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any],
 
 def _max_pool_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext,
                    relu_grad: bool) -> list[np.ndarray]:
-    if relu_grad and not (_jit_ok(inputs[0], inputs[2]) and inputs[0].dtype == inputs[2].dtype):
-        dx = _max_pool_grad(inputs, attrs, ctx, relu_grad=False)[0]
-        return relu_grad_kernel([dx, inputs[0]], {}, ctx)
     x, _, grad = inputs
     g = _geom(attrs, x.shape)
     overlap = g.kh > g.sh or g.kw > g.sw
+    if relu_grad and (overlap or not _jit_ok(x, grad) or x.dtype != grad.dtype):  # only the tiles loop masks
+        return relu_grad_kernel([_max_pool_grad(inputs, attrs, ctx, relu_grad=False)[0], x], {}, ctx)
     if _jit_ok(x, grad):
         xn, gn = np.ascontiguousarray(_nhwc(x, g)), np.ascontiguousarray(_nhwc(grad, g))
         dx = empty_aligned((g.n, g.h, g.w, g.c), grad.dtype)
@@ -302,8 +301,6 @@ def _max_pool_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Kern
             split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _max_pool_grad_tiles(
                 xn, bits, *_geometry(g), relu_grad, dx_bits, lo, hi))
             return [_back(dx, g)]
-        if relu_grad:
-            return relu_grad_kernel([_max_pool_grad(inputs, attrs, ctx, relu_grad=False)[0], x], {}, ctx)
         dx.fill(0)
         def work(lo: int, hi: int) -> None:
             share = np.empty((g.ow, g.c), dx.dtype)
