@@ -163,7 +163,8 @@ def main() -> None:
             tf_rates = [row["steps_per_sec"] for row in rows["tf"]]
             for side, measured in rows.items():
                 rates = [row["steps_per_sec"] for row in measured]
-                rate, ratio = statistics.median(rates), statistics.median(rates) / statistics.median(tf_rates)
+                rate = statistics.median(rates)
+                ratio = rate / statistics.median(tf_rates)
                 line = f"{model_name:<{width}} {level:<6} {side:<24} {rate:>9.1f} {ratio:>6.2f}x"
                 if ranged:
                     ratios = [ours / tf for ours, tf in zip(rates, tf_rates)]

@@ -125,8 +125,8 @@ class Executor:
         program.verify()  # among others: no kernel reads a tensor of a later phase
         self._phases = ir.phases(program)
         self._keep = set(program.outputs.values()) | set(program.gradients)
-        self._last_use = self._last_uses()
         self._readers = self._readers_of()
+        self._last_use = {tid: ids[-1] for tid, ids in self._readers.items()}  # readers are in program order
         self._shared_reads = self._reads_without_copy()
         self._scale: float | None = None
         self._plans = tuple(self._plan(kernels) for kernels in self._phases)
@@ -339,20 +339,10 @@ class Executor:
         return bool(result.finite)
 
     def _readers_of(self) -> dict[int, list[int]]:
-        """Tensor id -> the ids of the kernels that read it (each once)."""
+        """Tensor id -> the ids of the kernels that read it (each once), in program order."""
         readers: dict[int, list[int]] = {}
         for kernels in self._phases:
             for kernel in kernels:
                 for tid in dict.fromkeys(kernel.reads):
                     readers.setdefault(tid, []).append(kernel.id)
         return readers
-
-    def _last_uses(self) -> dict[int, int]:
-        last: dict[int, int] = {}
-        for kernels in self._phases:
-            for kernel in kernels:
-                for tid in kernel.reads:
-                    last[tid] = kernel.id
-        return last
-
-
