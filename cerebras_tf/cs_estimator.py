@@ -123,6 +123,12 @@ class CerebrasEstimator(EstimatorBase):
         return to_plain_spec(spec, mode)
 
     def _announce_system(self, what: str, settings: CSSettings) -> None:
+        if settings.cs_ip is None:  # an appliance config (R1.8's CSX runs)
+            contacted = f" (mgmt_address {settings.mgmt_address!r} is not contacted)" if settings.mgmt_address else ""
+            _log.info("%s on the simulated CS system: no Cerebras appliance cluster is reachable from here, so the "
+                      "simulated system embedded in this process stands in for it%s; no network connection is made.",
+                      what, contacted)
+            return
         _log.info(
             "%s on the simulated CS system %r (embedded in this process; no network connection is made).",
             what,
@@ -262,11 +268,11 @@ class CerebrasEstimator(EstimatorBase):
         Refused (SystemProgrammedError, before anything is compiled or written)
         when this process already programmed the system with another program.
         """
-        cs_ip = settings.cs_ip
-        assert cs_ip is not None  # only runs on the CS system get here (settings.on_cs_system)
-        check_system(cs_ip, program_hash(model), model.input.mode, self.model_dir)
+        address = settings.system_address
+        assert address is not None  # only runs on the CS system get here (settings.on_cs_system)
+        check_system(address, program_hash(model), model.input.mode, self.model_dir)
         result = self._compile(model, validate_only=False, settings=settings)
-        program_system(cs_ip, result.graph_hash, model.input.mode, self.model_dir)
+        program_system(address, result.graph_hash, model.input.mode, self.model_dir)
         return result
 
     def _compile(self, model: CapturedModel, validate_only: bool, settings: CSSettings) -> CompileResult:

@@ -85,6 +85,11 @@ class ConfigValueError(ConfigError, ValueError):
     as tf.estimator.RunConfig refuses its own arguments)."""
 
 
+class ConfigTypeError(ConfigError, TypeError):
+    """A CSRunConfig argument of the wrong type (e.g. a cs_config that is neither a dict nor a CSConfig),
+    refused when the config is built (a TypeError too)."""
+
+
 class ModelDirError(CerebrasError):
     """model_dir (or compile_dir) cannot be used: a regular file, inside one, or not writable."""
 

@@ -7,6 +7,7 @@ from typing import Any, Mapping
 
 from cerebras_tf.cluster import check_num_input_workers, input_worker_count
 from cerebras_tf.cs_config import (
+    ApplianceCSConfig,
     Settings,
     cs_config_fields,
     execution_strategy,
@@ -15,7 +16,7 @@ from cerebras_tf.cs_config import (
     use_cbfloat16,
     warn_ignored,
 )
-from cerebras_tf.errors import ConfigValueError
+from cerebras_tf.errors import ConfigError, ConfigValueError
 from cerebras_tf.wse.fabric import WSE2, Fabric, fabric_by_name
 from estimator import RunConfig
 from estimator.source import caller_location
@@ -45,8 +46,9 @@ class CSRunConfig(RunConfig):
 
     Args:
       cs_ip: address of the CS system ("host:port"). None runs on CPU/GPU with
-        plain TensorFlow; any value selects the simulated CS system, embedded
-        in this process (no network connection is made).
+        plain TensorFlow (unless cs_config is the appliance's CSConfig); any
+        value selects the simulated CS system, embedded in this process (no
+        network connection is made).
       system_name: name of the target system; compiled artifacts are tied to it.
         Defaults to the cs_ip.
       cs_config: system settings, a dict or a protobuf-like CSConfig message
@@ -58,7 +60,11 @@ class CSRunConfig(RunConfig):
         amp.set_half_dtype; False or unset keeps amp's process-wide choice);
         num_workers_per_csx=N >= 1 sets num_input_workers; num_csx > 1 and
         weight-streaming execution_strategy are refused when a run targets the
-        CS system; other fields are ignored with one ConfigWarning.
+        CS system; other fields are ignored with one ConfigWarning. The
+        appliance's CSConfig (cs_config.ApplianceCSConfig, what R1.8's
+        run_appliance builds) with no cs_ip selects the simulated CS system
+        for use_cs=True runs: no appliance cluster is reachable from here, so
+        the embedded one stands in for it (mgmt_address is never contacted).
       stack_params: dict of compiler settings (values may be any objects, e.g.
         protobuf messages); ignored by the simulated system, with one
         ConfigWarning naming the keys.
@@ -87,10 +93,15 @@ class CSRunConfig(RunConfig):
             raise ConfigValueError(
                 f"CSRunConfig(cs_ip={cs_ip!r}): cs_ip must be a non-empty 'host:port' string or None.",
                 fix="Pass cs_ip='host:port' to target the CS system, or None for CPU/GPU.")
-        fields = cs_config_fields(cs_config)
+        try:
+            fields = cs_config_fields(cs_config)
+            workers_per_csx = num_workers_per_csx(fields)
+            half_dtype = "cbfloat16" if use_cbfloat16(fields) else None
+            systems, strategy = num_csx(fields), execution_strategy(fields)
+        except ConfigError as exc:  # say where the config was built
+            raise type(exc)(exc.message, where=exc.where or caller_location(), fix=exc.fix) from None
         if stack_params is not None and not isinstance(stack_params, Mapping):
             raise TypeError(f"CSRunConfig(stack_params=...) must be a dict or None, got {type(stack_params).__name__}.")
-        workers_per_csx = num_workers_per_csx(fields)
         if num_input_workers is None:
             num_input_workers = workers_per_csx
         elif workers_per_csx is not None and workers_per_csx != num_input_workers:
@@ -103,8 +114,6 @@ class CSRunConfig(RunConfig):
                 f"CSRunConfig(input_worker_timeout_secs={input_worker_timeout_secs!r}) must be a positive number.",
                 fix="Give the seconds the chief waits for the TF_CONFIG input workers, e.g. 120."
             )
-        half_dtype = "cbfloat16" if use_cbfloat16(fields) else None
-        systems, strategy = num_csx(fields), execution_strategy(fields)
         fabric = fields.get("fabric", WSE2)
         if not isinstance(fabric, Fabric):
             try:
@@ -115,6 +124,7 @@ class CSRunConfig(RunConfig):
             kwargs["save_checkpoints_steps"] = DEFAULT_SAVE_CHECKPOINTS_STEPS
         super().__init__(**kwargs)
         self._cs_ip = cs_ip
+        self._appliance = cs_ip is None and isinstance(cs_config, ApplianceCSConfig)
         self._system_name = system_name or cs_ip
         self._cs_config = fields
         self._fabric = fabric
@@ -130,6 +140,12 @@ class CSRunConfig(RunConfig):
     @property
     def cs_ip(self) -> str | None:
         return self._cs_ip
+
+    @property
+    def appliance(self) -> bool:
+        """Whether this config names an appliance (the appliance's CSConfig, no cs_ip): use_cs=True runs go to
+        the simulated CS system standing in for it."""
+        return self._appliance
 
     @property
     def system_name(self) -> str | None:

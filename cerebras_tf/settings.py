@@ -34,6 +34,9 @@ from cerebras_tf.run_config import DEFAULT_INPUT_WORKER_TIMEOUT_SECS, CSRunConfi
 from cerebras_tf.wse.fabric import WSE2, Fabric
 from estimator import RunConfig, run_config_value
 
+# The system address of an appliance config without a mgmt_address.
+APPLIANCE = "appliance"
+
 # How often the CS training loop logs when RunConfig.log_step_count_steps is None (tf.estimator's default).
 DEFAULT_LOG_STEP_COUNT_STEPS = 100
 
@@ -72,8 +75,11 @@ class CSSettings:
     """The settings of one run on the CS system (see the module docstring).
 
     Attributes:
-      cs_ip: the CS system's address; None means CPU/GPU (the parent Estimator runs).
-      system_name: the target system compiled artifacts are tied to (default the cs_ip).
+      cs_ip: the CS system's address; None means CPU/GPU (the parent Estimator runs), unless `appliance`.
+      appliance: the config is the appliance's (R1.8: the appliance's CSConfig and no cs_ip); use_cs=True
+        runs go to the simulated CS system standing in for the appliance cluster.
+      mgmt_address: the appliance's management address, when the CSConfig gives one (never contacted).
+      system_name: the target system compiled artifacts are tied to (default the system_address).
       fabric: the wafer the compiler places the model on.
       half_dtype: "cbfloat16" with cs_config use_cbfloat16=True, else None: amp's half
         dtype when the executor is created.
@@ -98,6 +104,8 @@ class CSSettings:
     """
 
     cs_ip: str | None
+    appliance: bool
+    mgmt_address: str | None
     system_name: str | None
     fabric: Fabric
     half_dtype: str | None
@@ -119,8 +127,17 @@ class CSSettings:
 
     @property
     def on_cs_system(self) -> bool:
-        """Whether a run with these settings targets the (simulated) CS system: a cs_ip is set."""
-        return self.cs_ip is not None
+        """Whether a use_cs=True run with these settings targets the (simulated) CS system: a cs_ip is set, or
+        the config is an appliance's."""
+        return self.cs_ip is not None or self.appliance
+
+    @property
+    def system_address(self) -> str | None:
+        """What the simulated system is known by in this process: the cs_ip, or for an appliance its
+        mgmt_address (else "appliance"); None off the system."""
+        if self.cs_ip is not None:
+            return self.cs_ip
+        return (self.mgmt_address or APPLIANCE) if self.appliance else None
 
     @classmethod
     def resolve(cls, config: RunConfig, environ: Mapping[str, str] = os.environ,
@@ -135,9 +152,13 @@ class CSSettings:
         input_workers, tf_config_error, input_workers_error = _input_workers(cs, tf_config)
         log_steps = config.log_step_count_steps
         args = {name: value for name in _RUN_CONFIG_ARGS if (value := run_config_value(config, name)) is not None}
+        appliance = cs.appliance if cs else False
+        mgmt_address = cs.cs_config.get("mgmt_address") or None if cs else None
         return cls(
             cs_ip=cs.cs_ip if cs else None,
-            system_name=cs.system_name if cs else None,
+            appliance=appliance,
+            mgmt_address=mgmt_address,
+            system_name=(cs.system_name or (mgmt_address or APPLIANCE if appliance else None)) if cs else None,
             fabric=cs.fabric if cs else WSE2,
             half_dtype=cs.half_dtype if cs else None,
             num_csx=cs.num_csx if cs else 1,

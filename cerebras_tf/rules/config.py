@@ -105,8 +105,11 @@ def check_cs_config(settings: CSSettings) -> list[CerebrasError]:
 
 def check_tf_config(settings: CSSettings) -> list[CerebrasError]:
     """A CS training run needs a valid TF_CONFIG naming the chief (and any input workers, as many as
-    num_input_workers asks for). CSSettings parsed it once when the run started; this reports what it found."""
+    num_input_workers asks for). CSSettings parsed it once when the run started; this reports what it found.
+    An appliance (R1.8's CSX runs) manages its own cluster: it needs no TF_CONFIG, and checks one that is set."""
     fix = f"export TF_CONFIG='{_VALID_TF_CONFIG}' (or call cerebras_tf.set_default_tf_config() in the run script)."
+    if not settings.tf_config and settings.appliance:
+        return []
     if not settings.tf_config:
         return [ConfigError("The TF_CONFIG environment variable must be set for training on the CS system.", fix=fix)]
     problems: list[CerebrasError] = []
