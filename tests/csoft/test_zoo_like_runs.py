@@ -1,0 +1,63 @@
+"""Zoo-style run scripts, unchanged, through `python -m cerebras_tf.csoft`: R1.8's appliance flow in graph mode
+(CSX pipeline training on the simulated system, CPU evaluation, weight streaming refused) and R1.7's container
+flow with --cs_ip. The script is tests/csoft/zoo_like_run.py (written here, in the zoo's shape)."""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+
+import tensorflow as tf
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zoo_like_run.py")
+LONE_CHIEF = json.dumps({"cluster": {"chief": ["localhost:2222"]}, "task": {"type": "chief", "index": 0}})
+
+
+def _run(flavour: str, *args: str, eager: bool = False, tf_config: str | None = None
+         ) -> subprocess.CompletedProcess:
+    env = {key: value for key, value in os.environ.items() if key != "TF_CONFIG"}
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", ZOO_LIKE_EAGER="1" if eager else "0")
+    if tf_config:
+        env["TF_CONFIG"] = tf_config
+    return subprocess.run([sys.executable, "-m", "cerebras_tf.csoft", flavour, SCRIPT, *args], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _eval_metrics(result: subprocess.CompletedProcess) -> dict[str, float]:
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = next(line for line in result.stdout.splitlines() if line.startswith("EVAL "))
+    return ast.literal_eval(line[len("EVAL "):])  # the dict of floats the script printed
+
+
+def test_r18_appliance_flow_in_graph_mode(tmp_path):
+    model_dir = str(tmp_path / "model")
+    trained = _run("appliance", "CSX", "pipeline", "--model_dir", model_dir, "--mode", "train", "--max_steps", "6",
+                   "--mgmt_address", "mgmt.example:443")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert re.search(r"Training on the simulated CS system: no Cerebras appliance cluster is reachable.*"
+                     r"mgmt_address 'mgmt.example:443' is not contacted", trained.stderr), trained.stderr[-3000:]
+    assert tf.train.latest_checkpoint(model_dir).endswith("model.ckpt-6")
+    events = [name for name in os.listdir(model_dir) if name.startswith("events.out.tfevents")]
+    tags = {value.tag for name in events for event in tf.compat.v1.train.summary_iterator(os.path.join(model_dir, name))
+            for value in event.summary.value}
+    assert "train/cost" in tags, tags  # computed on the system inside cs1_enable_summaries()
+
+    evaluated = _eval_metrics(_run("appliance", "CPU", "--model_dir", model_dir, "--mode", "eval"))
+    assert evaluated["global_step"] == 6.0 and evaluated["eval/mse"] == evaluated["loss"]
+
+    streaming = _run("appliance", "CSX", "weight_streaming", "--model_dir", model_dir, "--max_steps", "12")
+    assert streaming.returncode != 0
+    assert "execution_strategy=weight_streaming is not supported" in streaming.stderr
+    assert tf.train.latest_checkpoint(model_dir).endswith("model.ckpt-6")
+
+
+def test_r17_container_flow_with_a_cs_ip(tmp_path):
+    model_dir = str(tmp_path / "model")
+    trained = _run("container", "--cs_ip", "localhost:9000", "--model_dir", model_dir, "--max_steps", "4",
+                   eager=True, tf_config=LONE_CHIEF)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert "Training on the simulated CS system 'localhost:9000'" in trained.stderr
+    assert tf.train.latest_checkpoint(model_dir).endswith("model.ckpt-4")
