@@ -139,3 +139,13 @@ def test_tf_free_packages_load_without_tensorflow():
     code = "import sys, cerebras_tf.ir, cerebras_tf.amp, cerebras_tf.wse; print('tensorflow' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_the_cerebras_name_stand_ins_are_the_top_layer():
+    """cerebras_tf.csoft serves the Cerebras package names on request; nothing of the project imports it, so
+    no run depends on whether the names are served."""
+    offending = [f"{path.relative_to(ROOT)} imports {name}" for path in _sources()
+                 if _file_unit(path) != "cerebras_tf.csoft"
+                 for name in sorted(_imports(path)) if _unit(name) == "cerebras_tf.csoft"]
+    assert not offending, "\n".join(offending)
+    assert "cerebras_tf.csoft" in _package_graph()  # the unit is real
