@@ -86,6 +86,26 @@ def _normalized(address: str) -> str:
     return f"{'127.0.0.1' if host == 'localhost' else host.lower()}:{port}"
 
 
+def check_tf_config_json(raw: str | None) -> None:
+    """Refuse a TF_CONFIG that tf.estimator's RunConfig could not read at all (it would fail with a raw
+    JSONDecodeError or AttributeError): set but empty, not JSON, not an object, or a cluster/task that is not
+    an object. Everything else is left to the RunConfig (CPU/GPU distribution) and to parse_tf_config (runs
+    on the CS system)."""
+    if raw is None:
+        return
+    if not raw.strip():
+        raise ConfigError("TF_CONFIG is set but empty.", fix=f"Unset TF_CONFIG, or: {_FIX}")
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise _error("TF_CONFIG", f"not valid JSON ({exc})", raw) from None
+    if not isinstance(config, dict):
+        raise _error("TF_CONFIG", f"expected a JSON object, got {type(config).__name__}", raw)
+    for field in ("cluster", "task"):
+        if field in config and not isinstance(config[field], dict):
+            raise _error(field, f"expected an object, got {config[field]!r}", raw)
+
+
 def parse_tf_config(raw: str | None) -> Cluster:
     """Parse and validate a TF_CONFIG string. None or "" means a lone chief with
     no input workers (input runs in the chief's process).

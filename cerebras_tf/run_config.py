@@ -5,7 +5,7 @@ import json
 import os
 from typing import Any, Mapping
 
-from cerebras_tf.cluster import check_num_input_workers, input_worker_count
+from cerebras_tf.cluster import check_num_input_workers, check_tf_config_json, input_worker_count
 from cerebras_tf.cs_config import (
     ApplianceCSConfig,
     Settings,
@@ -120,6 +120,10 @@ class CSRunConfig(RunConfig):
                 fabric = fabric_by_name(fabric)
             except ValueError as exc:
                 raise ValueError(f"CSRunConfig(cs_config={{'fabric': {fabric!r}}}): {exc}") from None
+        try:  # the parent reads TF_CONFIG and fails on a malformed one with a raw JSON/attribute error
+            check_tf_config_json(os.environ.get("TF_CONFIG"))
+        except ConfigError as exc:
+            raise ConfigError(exc.message, where=caller_location(), fix=exc.fix) from None
         if "save_checkpoints_steps" not in kwargs and "save_checkpoints_secs" not in kwargs:
             kwargs["save_checkpoints_steps"] = DEFAULT_SAVE_CHECKPOINTS_STEPS
         super().__init__(**kwargs)

@@ -13,6 +13,7 @@ from tensorflow.python.distribute.distribute_config import DistributeConfig  # n
 import estimator as estimator_api
 from estimator import ModeKeys, RunConfig
 from cerebras_tf import CSRunConfig, errors, set_default_tf_config
+from cerebras_tf.errors import ConfigError
 from cerebras_tf.rules.config import MIN_SAVE_CHECKPOINTS_STEPS
 
 THIS_FILE = os.path.abspath(__file__)
@@ -195,3 +196,25 @@ def test_num_input_workers_comes_from_the_tf_config_worker_count(tf_config):
     assert CSRunConfig(cs_ip="localhost:9000", num_input_workers=2).num_input_workers == 2
     tf_config.clear()
     assert CSRunConfig(cs_ip="localhost:9000").num_input_workers == 1
+
+
+@pytest.mark.parametrize("value, fragment", [
+    ('{"cluster": not json', "TF_CONFIG field 'TF_CONFIG': not valid JSON"),
+    ("[]", "TF_CONFIG field 'TF_CONFIG': expected a JSON object, got list"),
+    ("", "TF_CONFIG is set but empty"),
+    ('{"cluster": ["localhost:2222"]}', "TF_CONFIG field 'cluster': expected an object"),
+    ('{"cluster": {"chief": ["localhost:2222"]}, "task": "chief"}', "TF_CONFIG field 'task': expected an object"),
+])
+def test_a_malformed_tf_config_is_named_when_the_config_is_built(value, fragment, monkeypatch):
+    """tf.estimator's RunConfig reads TF_CONFIG when built and fails with a raw JSONDecodeError/AttributeError."""
+    monkeypatch.setenv("TF_CONFIG", value)
+    with pytest.raises(ConfigError) as caught:
+        CSRunConfig(cs_ip="localhost:9000")
+    assert fragment in caught.value.message and caught.value.fix
+    assert caught.value.where == f"{os.path.abspath(__file__)}:{caught.tb.tb_lineno}"
+
+
+def test_a_tf_config_with_parameter_servers_still_builds_a_config_for_cpu_runs(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"chief": ["localhost:2222"], "ps": ["localhost:2223"]},
+                                                "task": {"type": "chief", "index": 0}}))
+    assert CSRunConfig().cs_ip is None  # distribution is the parent Estimator's business on CPU/GPU
