@@ -1,4 +1,4 @@
-"""Rules on the checkpoint a CS-system run starts from: it must fit the model.
+"""Rules on the checkpoint a CS-system run starts from: it must read whole and fit the model.
 
 The most common real mistake is a model edited (layer sizes, names, another
 optimizer) while model_dir keeps the old model's checkpoints. Plain TF fails
@@ -8,6 +8,11 @@ checkpoint's variables with the graph's before anything is compiled or
 written, and names every variable that is missing or has another shape or
 dtype, with both.
 
+A damaged checkpoint (a truncated or corrupted index or data file, as a
+killed copy or a bad disk leaves) is named with the file and what is wrong
+before anything runs, with the newest intact checkpoint beside it and how to
+resume from that one (TF's reader fails deep inside the run, naming no file).
+
 As in TF, the graph's global variables are what is restored (tf.estimator's
 Saver restores exactly those); variables the checkpoint holds but the graph
 lacks are ignored (e.g. the loss-scale state of a run that used amp on CPU, or
@@ -16,6 +21,7 @@ a layer that was removed); `extra_variables` lists them so the run can say so.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import tensorflow as tf
@@ -56,17 +62,23 @@ def checkpoint_variables(path: str) -> dict[str, VariableSpec]:
             for name, shape in reader.get_variable_to_shape_map().items()}
 
 
+# What reading a damaged checkpoint raises: TF's errors, and the IndexError its reader raises on a truncated file.
+_READ_ERRORS = (tf.errors.OpError, ValueError, IndexError, OSError)
+
+
 def check_checkpoint(graph: tf.Graph, path: str) -> list[CerebrasError]:
-    """Every global variable of `graph` is in checkpoint `path` with the same shape and dtype (or one error
-    naming each that is not, with both shapes; or that the checkpoint cannot be read)."""
-    try:
-        stored = checkpoint_variables(path)
-    except (tf.errors.OpError, ValueError) as error:
+    """Checkpoint `path` reads whole (index and every tensor's data, whose checksums TF checks as it reads),
+    and every global variable of `graph` is in it with the same shape and dtype: or one error naming the
+    damaged file and the newest intact checkpoint beside it, or each variable that does not fit, with both
+    shapes."""
+    if not tf.io.gfile.glob(path + ".index"):
         return [CheckpointMismatchError(
-            f"The checkpoint {path} cannot be read: {getattr(error, 'message', error)}",
-            fix="Point checkpoint_path at a checkpoint prefix (e.g. model_dir/model.ckpt-1000, without .index), or "
-                "remove the damaged checkpoint (the `checkpoint` file in model_dir names the latest) and resume "
-                "from an earlier one.")]
+            f"The checkpoint {path} cannot be read: there is no {os.path.basename(path)}.index.",
+            fix="Point checkpoint_path at a checkpoint prefix (e.g. model_dir/model.ckpt-1000, without .index).")]
+    damage = damaged(path)
+    if damage is not None:
+        return [_damaged_error(path, damage)]
+    stored = checkpoint_variables(path)
     lines, first = [], None
     for name, wanted in sorted(graph_variables(graph).items()):
         have = stored.get(name)
@@ -90,6 +102,61 @@ def check_checkpoint(graph: tf.Graph, path: str) -> list[CerebrasError]:
             "model code the checkpoint was written with. To start from the old weights that still fit, warm-start "
             "in a new model_dir: warm_start_from=tf.estimator.WarmStartSettings(old_model_dir, "
             "vars_to_warm_start=[...]).")]
+
+
+def damaged(path: str) -> str | None:
+    """What is wrong with checkpoint `path` (which file, and how), reading its index and then every tensor; None
+    when it reads whole."""
+    try:
+        reader = tf.train.load_checkpoint(path)
+    except _READ_ERRORS as error:
+        return f"its index file {path}.index is {_how(error)}"
+    for name in sorted(reader.get_variable_to_shape_map()):
+        try:
+            reader.get_tensor(name)
+        except _READ_ERRORS as error:
+            files = ", ".join(sorted(tf.io.gfile.glob(path + ".data-*"))) or f"{path}.data-*"
+            return f"its data file {files} is {_how(error)} (reading variable {name!r})"
+    return None
+
+
+def newest_intact_checkpoint(model_dir: str, excluding: str = "") -> str | None:
+    """The newest checkpoint in `model_dir` (by global step) that reads whole, other than `excluding`."""
+    prefixes = {name[: -len(".index")] for name in tf.io.gfile.glob(os.path.join(model_dir, "*.index"))}
+    for prefix in sorted(prefixes - {excluding}, key=_step, reverse=True):
+        if damaged(prefix) is None:
+            return prefix
+    return None
+
+
+def _damaged_error(path: str, damage: str) -> CheckpointMismatchError:
+    model_dir = os.path.dirname(path)
+    intact = newest_intact_checkpoint(model_dir, excluding=path)
+    if intact is None:
+        fix = (f"No intact checkpoint is left in {model_dir}: remove {path}.* and the `checkpoint` file to train "
+               "from the initial values, or restore the files from a copy.")
+    else:
+        fix = (f"The newest intact checkpoint is {intact}. To resume from it, move {os.path.basename(path)}.* out "
+               f"of {model_dir} and point the `checkpoint` file at it: python -c \"import tensorflow as tf; "
+               f"tf.compat.v1.train.update_checkpoint_state('{model_dir}', '{intact}')\" (or evaluate/predict with "
+               f"checkpoint_path='{intact}').")
+    return CheckpointMismatchError(f"The checkpoint {path} cannot be read: {damage}.", fix=fix)
+
+
+def _how(error: BaseException) -> str:
+    """'truncated', 'corrupted (...)' or 'unreadable (...)' from what TF's reader raised."""
+    text = str(getattr(error, "message", None) or error).strip().splitlines()[0]
+    if "less bytes than requested" in text or "truncated" in text.lower():
+        return f"truncated ({text})"
+    if "checksum" in text.lower() or "corrupt" in text.lower() or isinstance(error, tf.errors.DataLossError):
+        return f"corrupted ({text})"
+    return f"unreadable ({text})"
+
+
+def _step(prefix: str) -> int:
+    """The global step in a checkpoint prefix's name (model.ckpt-1200 -> 1200; -1 when it has none)."""
+    tail = prefix.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
 
 
 def extra_variables(graph: tf.Graph, path: str, ignore_prefixes: tuple[str, ...] = ()) -> list[str]:

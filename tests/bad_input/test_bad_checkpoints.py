@@ -1,7 +1,8 @@
 """Issue 16, class 2: a checkpoint in model_dir from a changed model (the most common real mistake: layer sizes
 edited, same model_dir). The checkpoint's variables are compared with the model's before anything is compiled
 or written: a CheckpointMismatchError names every missing or reshaped variable with both shapes, at the line
-that created it. Variables the checkpoint has and the model lacks are ignored, as TF ignores them."""
+that created it. Variables the checkpoint has and the model lacks are ignored, as TF ignores them. Issue 24,
+item 1: a damaged checkpoint (truncated or corrupted) is named with its file and the newest intact one."""
 from __future__ import annotations
 
 import logging
@@ -95,3 +96,55 @@ def test_the_unchanged_model_resumes(prior_checkpoint):
     estimator(prior_checkpoint).train(regression_input_fn(), max_steps=3)
     after = checkpoint_files(prior_checkpoint)
     assert before is not None and after is not None and "./model.ckpt-3.index" in set(after) - set(before)
+
+
+def _damage(prefix: str, how: str) -> str:
+    """Truncate the data file of checkpoint `prefix`, or flip bytes in the middle of it; returns its path."""
+    (data,) = tf.io.gfile.glob(prefix + ".data-*")
+    with open(data, "r+b") as handle:
+        size = os.path.getsize(data)
+        if how == "truncated":
+            handle.truncate(size // 2)
+        else:
+            handle.seek(size // 2)
+            chunk = handle.read(4)
+            handle.seek(size // 2)
+            handle.write(bytes(b ^ 0xFF for b in chunk))
+    return data
+
+
+@pytest.mark.parametrize("how", ["truncated", "corrupted"])
+@pytest.mark.parametrize("call", ["train", "evaluate", "predict"])
+def test_a_damaged_latest_checkpoint_names_its_file_and_the_newest_intact_one(prior_checkpoint, how, call):
+    """TF raised a raw IndexError ('Read less bytes than requested') or an OpError ('Checksum does not match')
+    from inside the run, naming no file."""
+    estimator(prior_checkpoint).train(regression_input_fn(), max_steps=4)  # model.ckpt-2 stays intact
+    latest = os.path.join(prior_checkpoint, "model.ckpt-4")
+    data = _damage(latest, how)
+    est = estimator(prior_checkpoint)
+    action = {"train": lambda: est.train(regression_input_fn(), max_steps=6),
+              "evaluate": lambda: est.evaluate(regression_input_fn(), steps=1, use_cs=True),
+              "predict": lambda: list(est.predict(regression_input_fn(), num_samples=2, use_cs=True))}[call]
+    error = refused(action, CheckpointMismatchError, f"The checkpoint {latest} cannot be read: its data file {data} "
+                    f"is {how}", model_dir=prior_checkpoint)
+    intact = os.path.join(prior_checkpoint, "model.ckpt-2")
+    assert f"The newest intact checkpoint is {intact}" in error.fix
+    assert f"tf.compat.v1.train.update_checkpoint_state('{prior_checkpoint}', '{intact}')" in error.fix
+
+
+def test_the_fix_for_a_damaged_checkpoint_resumes(prior_checkpoint):
+    """Doing what the fix says: move the damaged files away and point `checkpoint` at the intact one."""
+    estimator(prior_checkpoint).train(regression_input_fn(), max_steps=4)
+    _damage(os.path.join(prior_checkpoint, "model.ckpt-4"), "truncated")
+    for name in tf.io.gfile.glob(os.path.join(prior_checkpoint, "model.ckpt-4.*")):
+        os.remove(name)
+    tf.compat.v1.train.update_checkpoint_state(prior_checkpoint, os.path.join(prior_checkpoint, "model.ckpt-2"))
+    estimator(prior_checkpoint).train(regression_input_fn(), max_steps=5)
+    assert tf.train.latest_checkpoint(prior_checkpoint).endswith("model.ckpt-5")
+
+
+def test_with_no_intact_checkpoint_left_the_fix_says_so(prior_checkpoint):
+    _damage(os.path.join(prior_checkpoint, "model.ckpt-2"), "corrupted")
+    error = refused(lambda: estimator(prior_checkpoint).train(regression_input_fn(), max_steps=4),
+                    CheckpointMismatchError, "model.ckpt-2 cannot be read", model_dir=prior_checkpoint)
+    assert "No intact checkpoint is left" in error.fix
