@@ -76,8 +76,7 @@ def _train(checkpoints: "CheckpointWriter", estimator: EstimatorBase, settings: 
     if first >= last:
         _log.info("Skipping training since max_steps has already saved (global step %d).", first)
         return first
-    with tf.init_scope():  # input_fn runs eagerly, even if train() was called inside a graph
-        stream = InputStream.from_settings(input_fn, estimator.params, settings.input_workers)
+    stream = InputStream.from_settings(input_fn, estimator.params, settings.input_workers)
     every = settings.log_step_count_steps
     save_every = settings.save_checkpoints_steps
     started, saved = time.perf_counter(), first
@@ -492,10 +491,9 @@ def predict_on_system(estimator: EstimatorBase, settings: CSSettings, model: Cap
 
 
 def _local_stream(input_fn: Callable[..., Any], params: dict[str, Any]) -> InputStream:
-    """input_fn's batches read in the chief's process, as evaluation and prediction on the system read them;
-    input_fn runs eagerly, even if the caller is building a graph."""
-    with tf.init_scope():
-        return InputStream.local(input_fn, params)
+    """input_fn's batches read in the chief's process, as evaluation and prediction on the system read them
+    (input_fn runs eagerly, even if the caller is building a graph: see InputStream)."""
+    return InputStream.local(input_fn, params)
 
 
 class HostMetrics:

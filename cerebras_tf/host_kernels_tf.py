@@ -39,9 +39,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import context
 
 from cerebras_tf import ir
 from cerebras_tf.wse.kernels import NUMPY_HOST_KERNELS, DenseKernel, HostKernels
+from estimator.eager import eagerly
 
 ENV_VAR = "CEREBRAS_TF_HOST_KERNELS"
 _R = tf.raw_ops
@@ -91,8 +93,8 @@ def matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray
     if not _floats(inputs):
         return _numpy.matmul(inputs, attrs)
     a, b = inputs
-    return _R.MatMul(a=a, b=b, transpose_a=bool(attrs.get("transpose_a", False)),
-                     transpose_b=bool(attrs.get("transpose_b", False))).numpy()
+    return _eager(lambda: _R.MatMul(a=a, b=b, transpose_a=bool(attrs.get("transpose_a", False)),
+                                    transpose_b=bool(attrs.get("transpose_b", False))).numpy())
 
 
 def batch_matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
@@ -100,8 +102,17 @@ def batch_matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.n
     if not _floats(inputs):
         return _numpy.batch_matmul(inputs, attrs)
     a, b = inputs
-    return _R.BatchMatMulV2(x=a, y=b, adj_x=bool(attrs.get("adj_x", False)),
-                            adj_y=bool(attrs.get("adj_y", False))).numpy()
+    return _eager(lambda: _R.BatchMatMulV2(x=a, y=b, adj_x=bool(attrs.get("adj_x", False)),
+                                           adj_y=bool(attrs.get("adj_y", False))).numpy())
+
+
+def _eager(call: Callable[[], np.ndarray]) -> np.ndarray:
+    """call() as an eager op call: on a thread where eager execution is off (the script disabled it, and the
+    executor's second thread has its own mode), inside eagerly()."""
+    if context.executing_eagerly():
+        return call()
+    with eagerly():
+        return call()
 
 
 class _Conv:

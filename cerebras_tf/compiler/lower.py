@@ -322,14 +322,23 @@ class _Builder:
         key = (name, variables)
         if key not in self._branches:
             fdef = _function_def(self.graph, name)
-            self._branches[key] = _function_graph(fdef, {i: self.variables[v] for i, v in variables})
+            self._branches[key] = _function_graph(self.graph, fdef, {i: self.variables[v] for i, v in variables})
         return self._branches[key]
 
 
-def _function_graph(fdef: Any, variables: dict[int, tf.Operation]) -> tf.Graph:
+def _function_graph(outer: tf.Graph, fdef: Any, variables: dict[int, tf.Operation]) -> tf.Graph:
     """function_def_to_graph, except that the resource arguments in `variables` become handles of those
     variables (VarHandleOps of their dtype and shape, under the argument's name): a function argument
-    carries no variable shape, so reads of it would have unknown shapes."""
+    carries no variable shape, so reads of it would have unknown shapes.
+
+    The function's graph is built inside `outer` (the captured graph, whose library holds every function
+    its nested conds call), never the default graph or the eager context: with eager execution disabled,
+    the functions are in `outer` alone."""
+    with outer.as_default():
+        return _function_graph_in_default(fdef, variables)
+
+
+def _function_graph_in_default(fdef: Any, variables: dict[int, tf.Operation]) -> tf.Graph:
     graph_def, flat = function_def_to_graph.function_def_to_graph_def(fdef)
     for index, variable in variables.items():
         node = next(n for n in graph_def.node if n.name == fdef.signature.input_arg[index].name)

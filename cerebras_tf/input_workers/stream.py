@@ -57,6 +57,7 @@ from cerebras_tf.input_workers.failures import parse_worker_error
 from cerebras_tf.input_workers.service import InputServers, is_listening
 from cerebras_tf.settings import InputWorkerSettings
 from estimator.dataset import failing_op_location
+from estimator.eager import eager_thread, eagerly
 from estimator.source import function_location
 
 log = logging.getLogger("cerebras_tf.input_workers")
@@ -179,12 +180,17 @@ class InputStream:
         self._failed_probes: dict[int, int] = {}
         self._started_at: float | None = None
 
+        with eagerly():  # the Dataset is iterated in Python, also where the script disabled eager execution
+            self._start(input_fn, timeout_secs)
+        self._stats = InputStats(self._worker_names, {name: 0 for name in self._worker_names})
+
+    def _start(self, input_fn: Callable[[Mapping[str, Any]], tf.data.Dataset], timeout_secs: float) -> None:
+        """Build input_fn's Dataset (and the servers the plan asks for) and start reading it."""
         dataset = _call_input_fn(input_fn, self._params)
         self._dataset = dataset
-
         if self.plan.mode == "local":
             self._worker_names: tuple[str, ...] = ("chief",)
-            self._start_reader((0, element) for element in dataset)
+            self._start_reader((0, element) for element in _elements(dataset))
         else:
             if self._servers is None:
                 self._servers = (
@@ -200,7 +206,6 @@ class InputStream:
             except BaseException:
                 self.close()
                 raise
-        self._stats = InputStats(self._worker_names, {name: 0 for name in self._worker_names})
 
     @classmethod
     def from_settings(cls, input_fn: Callable[[Mapping[str, Any]], tf.data.Dataset],
@@ -298,14 +303,15 @@ class InputStream:
                 compression=None,
             )
         )
-        self._start_reader((int(tag), element) for element, tag in distributed)
+        self._start_reader((int(tag), element) for element, tag in _elements(distributed))
         monitor = threading.Thread(target=self._monitor, name="cerebras-input-monitor", daemon=True)
         self._threads.append(monitor)
         monitor.start()
 
     def _start_reader(self, elements: Iterator[tuple[int, Any]]) -> None:
         """A thread reading (worker index, element) pairs ahead into the buffer, so input overlaps the steps."""
-        reader = threading.Thread(target=self._read, args=(elements,), name="cerebras-input-reader", daemon=True)
+        reader = threading.Thread(target=eager_thread(self._read), args=(elements,), name="cerebras-input-reader",
+                                  daemon=True)
         self._threads.append(reader)
         reader.start()
 
@@ -416,6 +422,11 @@ def _call_input_fn(input_fn: Callable[..., Any], params: Mapping[str, Any]) -> t
             fix=f"It returned {type(dataset).__name__}; build and return a tf.data.Dataset of (features, labels).",
         )
     return dataset
+
+
+def _elements(dataset: tf.data.Dataset) -> Iterator[Any]:
+    """The Dataset's elements, iterated lazily (its iterator is made on the reader thread, in eager mode)."""
+    yield from dataset
 
 
 def _tag_by_worker(dataset: tf.data.Dataset, num_workers: int) -> tf.data.Dataset:

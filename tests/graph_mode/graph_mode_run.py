@@ -1,0 +1,133 @@
+"""The zoo-style model of tests/zoo_constructs in a script that disabled eager execution, as R1.8's run.py does.
+
+Run as `python graph_mode_run.py WORKDIR`; prints one `OK <check>` line per check passed and exits non-zero
+on the first that fails. Graph mode is process-wide, hence a script of its own. It validates, compiles,
+trains on the simulated system in float32 numerics and compares every variable and summary with the same
+model trained by the plain Estimator in this process; evaluates and predicts on the system against CPU;
+trains a model with a two-level nested tf.cond; and trains with two embedded input workers.
+"""
+import glob
+import json
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+tf.compat.v1.disable_eager_execution()
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "zoo_constructs"))
+
+import zoo_bert_like as zoo  # noqa: E402
+
+import cerebras_tf  # noqa: E402
+from cerebras_tf import CerebrasEstimator, CSRunConfig, EstimatorSpec, amp  # noqa: E402
+
+WORKDIR = sys.argv[1]
+STEPS = 12
+SUMMARY_STEPS = 4
+PARAMS = {**zoo.DEFAULT_PARAMS, "loss_scaling": "tf_dynamic"}  # TF's scale: conds nested in conds
+os.environ["TF_CONFIG"] = json.dumps({"cluster": {"chief": ["localhost:2222"]}, "task": {"type": "chief", "index": 0}})
+
+
+def ok(check):
+    print("OK", check, flush=True)
+
+
+def estimator(name, model_fn=zoo.model_fn, params=PARAMS, cs_ip="localhost:9000", **config):
+    config = CSRunConfig(cs_ip=cs_ip, tf_random_seed=1, save_summary_steps=SUMMARY_STEPS,
+                         save_checkpoints_steps=1000, log_step_count_steps=SUMMARY_STEPS, **config)
+    return CerebrasEstimator(model_fn, model_dir=os.path.join(WORKDIR, name), config=config, params=params)
+
+
+def summaries(name):
+    found = {}
+    for path in glob.glob(os.path.join(WORKDIR, name, "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                if value.HasField("simple_value"):
+                    found.setdefault(value.tag, {})[event.step] = value.simple_value
+    return found
+
+
+def zoo_model():
+    system = estimator("system")
+    assert system.compile(zoo.train_input_fn, validate_only=True) is not None
+    compiled = system.compile(zoo.train_input_fn)
+    assert any(key.startswith("summary/") for key in compiled.program.outputs)
+    ok("validate and compile")
+
+    amp.set_half_dtype("float32")
+    system.train(zoo.train_input_fn, max_steps=STEPS)
+    cpu = estimator("cpu", cs_ip=None)
+    cpu.train(zoo.train_input_fn, max_steps=STEPS)
+    names = set(cpu.get_variable_names())
+    assert names == set(system.get_variable_names()) and "current_loss_scale" in names
+    for name in sorted(names):
+        np.testing.assert_allclose(system.get_variable_value(name), cpu.get_variable_value(name),
+                                   rtol=2e-5, atol=2e-6, err_msg=name)
+    ok("training on the system matches the Estimator")
+
+    on_system, on_cpu = summaries("system"), summaries("cpu")
+    tags = {tag for tag in on_cpu if tag.startswith("train/")}
+    assert {"train/cost", "train/lr"} <= tags, tags
+    for tag in sorted(tags):
+        assert sorted(on_system[tag]) == sorted(on_cpu[tag]), tag
+        np.testing.assert_allclose([on_system[tag][s] for s in sorted(on_cpu[tag])],
+                                   [on_cpu[tag][s] for s in sorted(on_cpu[tag])], rtol=1e-4, err_msg=tag)
+    ok("summaries")
+
+    cerebras_tf.release_system()
+    steps = PARAMS["num_examples"] // PARAMS["batch_size"]
+    on_wafer = system.evaluate(zoo.eval_input_fn, steps=steps, use_cs=True)
+    on_host = system.evaluate(zoo.eval_input_fn, use_cs=False)
+    assert set(on_wafer) == set(on_host) and on_wafer["global_step"] == STEPS
+    for key in on_host:
+        np.testing.assert_allclose(on_wafer[key], on_host[key], rtol=1e-5, err_msg=key)
+    ok("evaluate with host_call")
+    cerebras_tf.release_system()
+
+
+def regression_input_fn(params):
+    x = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)
+    dataset = tf.data.Dataset.from_tensor_slices(({"x": x}, x @ np.ones((4, 1), np.float32)))
+    return (dataset.repeat() if params.get("repeat", True) else dataset).batch(4, drop_remainder=True)
+
+
+def nested_cond_model_fn(features, labels, mode, params):
+    prediction = tf.compat.v1.layers.dense(features["x"], 1, name="dense",
+                                           kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=7))
+    if mode == "infer":
+        return EstimatorSpec(mode, predictions={"y": prediction})
+    loss = tf.reduce_mean(tf.square(prediction - labels))
+    step = tf.compat.v1.train.get_or_create_global_step()
+    rate = tf.cond(step < 4, lambda: tf.cond(step < 2, lambda: 0.05, lambda: 0.02), lambda: 0.01)
+    train_op = tf.compat.v1.train.GradientDescentOptimizer(rate).minimize(loss, global_step=step)
+    return EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def nested_conds_and_workers():
+    system = estimator("nested", nested_cond_model_fn, params={})
+    system.train(regression_input_fn, max_steps=6)
+    cpu = estimator("nested_cpu", nested_cond_model_fn, params={}, cs_ip=None)
+    cpu.train(regression_input_fn, max_steps=6)
+    for name in ("dense/kernel", "dense/bias"):  # float32 numerics
+        np.testing.assert_allclose(system.get_variable_value(name), cpu.get_variable_value(name), rtol=1e-5)
+    ok("nested conds")
+    cerebras_tf.release_system()
+    workers = estimator("workers", nested_cond_model_fn, params={}, num_input_workers=2)
+    workers.train(regression_input_fn, max_steps=6)  # two embedded tf.data service workers (loopback)
+    assert workers.get_variable_value("global_step") == 6
+    ok("two input workers")
+    cerebras_tf.release_system()
+    predictions = list(system.predict(lambda params: regression_input_fn({"repeat": False}), use_cs=True))
+    expected = list(system.predict(lambda params: regression_input_fn({"repeat": False})))
+    assert len(predictions) == len(expected) == 32
+    np.testing.assert_allclose([p["y"] for p in predictions], [p["y"] for p in expected], rtol=1e-5)
+    assert not tf.executing_eagerly()  # the script's mode is untouched
+    ok("predict")
+
+
+zoo_model()
+nested_conds_and_workers()
