@@ -98,7 +98,7 @@ def _train(checkpoints: "CheckpointWriter", estimator: EstimatorBase, settings: 
             summaries.step_done(batch_size((features, labels)))
             if (step % every == 0 or step == last) and result.loss is not None:
                 summaries.write(step, result.loss, result.loss_scale)
-            summaries.write_model_summaries(step, result.outputs)
+            summaries.write_model_summaries(step, result.outputs, result.loss_scale)
             if save_every and step % save_every == 0 and step != last:
                 checkpoints.save(executor, step)
                 saved = step
@@ -198,15 +198,17 @@ class TrainingSummaries:
         values.update(input_stats.summary_values())
         self._writer.add_summary(scalar_summary(values), step)
 
-    def write_model_summaries(self, step: int, outputs: dict[str, np.ndarray]) -> None:
+    def write_model_summaries(self, step: int, outputs: dict[str, np.ndarray], loss_scale: float | None = None
+                              ) -> None:
         """At tf.estimator's summary steps (the run's first step, then every save_summary_steps): the model_fn's
-        summaries of this step. ("loss" stays on the log steps, where write() puts it.)"""
+        summaries of this step, `loss_scale` the step's (see ModelSummaries.summary). ("loss" stays on the log
+        steps, where write() puts it.)"""
         if self._model is None:
             return
         if self._last_summary is not None and step < self._last_summary + self._summary_every:
             return  # the first call is the run's first step
         self._last_summary = step
-        self._writer.add_summary(self._model.summary(outputs), step)
+        self._writer.add_summary(self._model.summary(outputs, loss_scale), step)
 
     def close(self) -> None:
         self._writer.flush()
@@ -220,9 +222,12 @@ class ModelSummaries:
     a step streams off the wafer (half-precision values arrive as float32).
 
     Scalars become simple_value scalars and histograms HistogramProtos, exactly
-    as TF builds them on CPU. The kinds the system cannot compute (image,
-    audio, text, tensor, TF2 tf.summary writes, tags not static) are named in
-    one warning.
+    as TF builds them on CPU. A summary of a backward tensor (e.g. the gradient
+    tf_helper.summary_layer records) carries the executor's loss scale: it is
+    divided by the step's scale, and a histogram that is not finite (a step
+    that overflowed, whose update is skipped) is not written that step. The
+    kinds the system cannot compute (image, audio, text, tensor, TF2
+    tf.summary writes, tags not static) are named in one warning.
     """
 
     def __init__(self, program: ir.Program) -> None:
@@ -234,6 +239,8 @@ class ModelSummaries:
                          ", ".join(f"{tag} ({kind})" for tag, kind in sorted(skipped.items())))
         self._keys = {tag: f"{ir.SUMMARY_PREFIX}/{tag}" for tag, kind in program.summaries.items()
                       if kind in ir.HOST_SUMMARY_KINDS and f"{ir.SUMMARY_PREFIX}/{tag}" in program.outputs}
+        made_by_backward = {t for kernel in program.kernels if kernel.role == "backward" for t in kernel.outputs}
+        self._scaled = {tag for tag, key in self._keys.items() if program.outputs[key] in made_by_backward}
         self._graph = tf.Graph()
         self._feeds: dict[str, Any] = {}
         self._ops: dict[str, Any] = {}
@@ -246,13 +253,19 @@ class ModelSummaries:
                                   else tf.raw_ops.HistogramSummary(tag=tag, values=feed))
         self._session = tf.compat.v1.Session(graph=self._graph) if self._ops else None
 
-    def summary(self, outputs: dict[str, np.ndarray]) -> Any:
-        """One Summary proto of this step's values (an output missing from the step is skipped)."""
+    def summary(self, outputs: dict[str, np.ndarray], loss_scale: float | None = None) -> Any:
+        """One Summary proto of this step's values (an output missing from the step is skipped); backward
+        tensors are divided by `loss_scale` (the step's, None: not scaled)."""
         summary = tf.compat.v1.Summary()
-        present = [tag for tag in self._ops if self._keys[tag] in outputs]
+        values = {tag: outputs[self._keys[tag]] for tag in self._ops if self._keys[tag] in outputs}
+        if loss_scale is not None:
+            values.update({tag: np.asarray(values[tag], np.float32) / np.float32(loss_scale)
+                           for tag in self._scaled & set(values)})
+        present = [tag for tag in values
+                   if self.tags[tag] != "histogram" or np.all(np.isfinite(values[tag]))]  # TF refuses inf there
         if present and self._session is not None:
             serialized = self._session.run([self._ops[tag] for tag in present],
-                                           {self._feeds[tag]: outputs[self._keys[tag]] for tag in present})
+                                           {self._feeds[tag]: values[tag] for tag in present})
             for data in serialized:
                 summary.MergeFromString(data)
         return summary

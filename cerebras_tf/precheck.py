@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import tensorflow as tf
+
 from cerebras_tf import rules
 from cerebras_tf.amp.target import capturing_for_cs_system
 from cerebras_tf.errors import CerebrasError, raise_problems
@@ -17,6 +19,8 @@ from estimator import (
     dataset_call_failure,
     inspect_dataset,
 )
+
+_log = tf.compat.v1.logging
 
 
 def _estimator_can_call(input_fn: Callable[..., Any]) -> bool:
@@ -77,10 +81,21 @@ def precheck(
     if spec_problems:  # raised outside the handler: the error says it all, with TF's message
         raise_problems(problems + spec_problems + _dataset_problems(captured_input, settings))
     assert model is not None
+    if not settings.summaries:
+        _skip_summaries(model)
     problems += rules.spec.check_spec(model.spec, mode, model_fn)
     problems += _dataset_problems(captured_input, settings)  # after model_fn, so op ids match plain TF
     raise_problems(problems)
     return model
+
+
+def _skip_summaries(model: CapturedModel) -> None:
+    """Leave model_fn's summaries out of the program (cs1_disable_summaries()), saying so once."""
+    summaries = model.graph.get_collection_ref(tf.compat.v1.GraphKeys.SUMMARIES)
+    if summaries:
+        _log.info("%d summaries of model_fn are not computed on the system: cs1_disable_summaries() is in "
+                  "effect.", len(summaries))
+        del summaries[:]
 
 
 def _dataset_problems(captured_input: CapturedInput, settings: CSSettings) -> list[CerebrasError]:

@@ -19,11 +19,12 @@ training run (compile() does not apply that rule, so it does not fail on it).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import os
 import types
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from tensorflow.python.eager import context
 
@@ -33,6 +34,21 @@ from cerebras_tf.errors import ConfigError
 from cerebras_tf.run_config import DEFAULT_INPUT_WORKER_TIMEOUT_SECS, CSRunConfig
 from cerebras_tf.wse.fabric import WSE2, Fabric
 from estimator import RunConfig, run_config_value
+
+# Whether runs on the CS system compute model_fn's summaries: the innermost of the Cerebras stack's
+# cs1_enable_summaries()/cs1_disable_summaries() blocks (cerebras_tf.csoft.summary) open now; True outside.
+_SUMMARIES_ON_SYSTEM: list[bool] = []
+
+
+@contextlib.contextmanager
+def summaries_on_system(enabled: bool) -> Iterator[None]:
+    """Within the block, runs on the CS system compute model_fn's summaries (`enabled`) or skip them."""
+    _SUMMARIES_ON_SYSTEM.append(enabled)
+    try:
+        yield
+    finally:
+        _SUMMARIES_ON_SYSTEM.pop()
+
 
 # The system address of an appliance config without a mgmt_address.
 APPLIANCE = "appliance"
@@ -86,6 +102,8 @@ class CSSettings:
       num_csx, execution_strategy: cs_config's (1, "pipeline" by default); others are
         refused by rules.config.
       input_workers: where a training run's input comes from.
+      summaries: whether the run computes model_fn's summaries on the system (False inside the Cerebras
+        stack's cs1_disable_summaries(); see summaries_on_system).
       tf_random_seed: RunConfig.tf_random_seed.
       save_checkpoints_steps, save_summary_steps, keep_checkpoint_max, session_config:
         as in the RunConfig.
@@ -112,6 +130,7 @@ class CSSettings:
     num_csx: int
     execution_strategy: str
     input_workers: InputWorkerSettings
+    summaries: bool
     tf_random_seed: int | None
     save_checkpoints_steps: int | None
     save_summary_steps: int | None
@@ -164,6 +183,7 @@ class CSSettings:
             num_csx=cs.num_csx if cs else 1,
             execution_strategy=cs.execution_strategy if cs else PIPELINE,
             input_workers=input_workers,
+            summaries=_SUMMARIES_ON_SYSTEM[-1] if _SUMMARIES_ON_SYSTEM else True,
             tf_random_seed=config.tf_random_seed,
             save_checkpoints_steps=config.save_checkpoints_steps,
             save_summary_steps=config.save_summary_steps,

@@ -34,6 +34,7 @@ from cerebras_tf.amp.target import LOSS_SCALING_COLLECTION
 from cerebras_tf import ir
 from cerebras_tf.compiler import checks, fold, kernels
 from cerebras_tf.ir import passes
+from cerebras_tf.tf_helper import BOUNDARY_CASTS
 from cerebras_tf.errors import (CerebrasError, DynamicShapeError, UnsupportedOpError,
                                 UnsupportedTensorFlowError, raise_problems)
 from estimator import CapturedModel, ModeKeys
@@ -274,6 +275,7 @@ class _Builder:
         self.if_converted = 0
         self.checks = checks.Collected()
         self._half: dict[int, int] = {}
+        self.boundary_casts = frozenset(graph.get_collection(BOUNDARY_CASTS))  # Identity ops rounded to half
         self._branches: dict[tuple[str, tuple[tuple[int, str], ...]], tf.Graph] = {}
 
     def tensor(self, shape: Sequence[int], dtype: str, name: str, const: ir.Const | None = None) -> int:
@@ -458,7 +460,12 @@ class _GraphLowerer:
         if op.type in ALIAS_OPS:
             for source, out in zip(op.inputs, op.outputs):
                 self.env[out.name] = self.operand(source)
-            self.b.aliases_removed += 1
+            value = self.env[op.outputs[0].name] if op.outputs else None
+            if op.name in self.b.boundary_casts and self.b.casts and isinstance(value, int) \
+                    and self.b.tensors[value].dtype == "float32":  # tf_helper.boundary_cast: rounded to half
+                self.env[op.outputs[0].name] = self.b.to_half(value, role, self._name(op), self._where(op))
+            else:
+                self.b.aliases_removed += 1
             return
         if op.type == "VarHandleOp":
             self.b.variables.setdefault(op.name, op)
