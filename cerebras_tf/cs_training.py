@@ -222,8 +222,9 @@ class ModelSummaries:
     a step streams off the wafer (half-precision values arrive as float32).
 
     Scalars become simple_value scalars and histograms HistogramProtos, exactly
-    as TF builds them on CPU. A summary of a backward tensor (e.g. the gradient
-    tf_helper.summary_layer records) carries the executor's loss scale: it is
+    as TF builds them on CPU. A summary of a backward tensor other than the
+    weight gradients (which the executor unscales), e.g. the gradient
+    tf_helper.summary_layer records, carries the executor's loss scale: it is
     divided by the step's scale, and a histogram that is not finite (a step
     that overflowed, whose update is skipped) is not written that step. The
     kinds the system cannot compute (image, audio, text, tensor, TF2
@@ -240,7 +241,8 @@ class ModelSummaries:
         self._keys = {tag: f"{ir.SUMMARY_PREFIX}/{tag}" for tag, kind in program.summaries.items()
                       if kind in ir.HOST_SUMMARY_KINDS and f"{ir.SUMMARY_PREFIX}/{tag}" in program.outputs}
         made_by_backward = {t for kernel in program.kernels if kernel.role == "backward" for t in kernel.outputs}
-        self._scaled = {tag for tag, key in self._keys.items() if program.outputs[key] in made_by_backward}
+        still_scaled = made_by_backward - set(program.gradients)  # the executor unscales the weight gradients
+        self._scaled = {tag for tag, key in self._keys.items() if program.outputs[key] in still_scaled}
         self._graph = tf.Graph()
         self._feeds: dict[str, Any] = {}
         self._ops: dict[str, Any] = {}
