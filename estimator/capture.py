@@ -65,11 +65,15 @@ def capture_model(estimator: Estimator, captured: CapturedInput,
     """Turn the input into (features, labels) as the Estimator does and call the model_fn.
 
     `call_model_fn(features, labels, mode, config)` returns the spec; the caller
-    chooses whether that is the raw user spec or the adapted one.
+    chooses whether that is the raw user spec or the adapted one. The captured
+    features and labels are the input's, as they were before model_fn ran: a
+    model_fn may replace entries of the dict it is given (the Model Zoo's BERT
+    casts features["input_mask"] in place).
     """
     with captured.graph.as_default(), captured.graph.device(estimator._device_fn):
         features, labels, _ = parse_input_fn_result(captured.result)
         if captured.mode == ModeKeys.PREDICT:
             labels = None  # the Estimator never passes labels to a PREDICT model_fn
+        inputs = tf.nest.map_structure(lambda leaf: leaf, (features, labels))  # new containers, the same leaves
         spec = call_model_fn(features, labels, captured.mode, estimator.config)
-    return CapturedModel(input=captured, features=features, labels=labels, spec=spec)
+    return CapturedModel(input=captured, features=inputs[0], labels=inputs[1], spec=spec)

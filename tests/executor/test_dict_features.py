@@ -205,3 +205,29 @@ def test_the_executor_binds_nests_by_key_and_names_what_is_missing_or_misshapen(
         executor.step({"a": a, "b": b}, {"y": y})
     with pytest.raises(ValueError, match=r"features/a has shape \[3, 3\], the compiled program expects \[2, 3\]"):
         executor.step({"a": np.ones((3, 3)), "b": (b,)}, {"y": y})
+
+
+def _model_fn_replacing_a_feature(features, labels, mode, params):
+    """As the Model Zoo's BERT does in EVAL: a features entry replaced in place (input_mask cast), and the dict
+    handed to host_call."""
+    spec = model_fn(features, labels, mode, params)  # reads the input input_mask
+    if mode != ModeKeys.EVAL:
+        return spec
+    features["input_mask"] = tf.cast(features["input_mask"], tf.float16)
+
+    def metrics(features):
+        return {"eval/mask_mean": tf.compat.v1.metrics.mean(tf.cast(features["input_mask"], tf.float32))}
+
+    return CSEstimatorSpec(mode, loss=spec.loss, host_call=(metrics, [features]))
+
+
+def test_a_model_fn_that_replaces_a_features_entry_still_reads_the_inputs(tmp_path):
+    """The program's inputs are the dataset's, as they were before model_fn replaced an entry (the replaced dict
+    used to be compiled: the input it replaced was no program input, "Op type 'IteratorV2' has no kernel")."""
+    estimator = CerebrasEstimator(_model_fn_replacing_a_feature, model_dir=str(tmp_path), params={},
+                                  config=CSRunConfig(cs_ip=CS_IP, save_checkpoints_steps=100))
+    compiled = estimator.compile(eval_input_fn, mode=ModeKeys.EVAL)
+    assert {f"features/{key}" for key in FEATURE_KEYS} <= set(compiled.program.inputs)
+    estimator.train(train_input_fn, max_steps=2, use_cs=False)
+    metrics = estimator.evaluate(eval_input_fn, steps=2, use_cs=True)
+    np.testing.assert_allclose(metrics["eval/mask_mean"], FEATURES["input_mask"][:2 * BATCH].mean(), rtol=1e-6)

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "zoo_constructs"))
 import zoo_bert_like as zoo  # noqa: E402
 
 import cerebras_tf  # noqa: E402
-from cerebras_tf import CerebrasEstimator, CSRunConfig, EstimatorSpec, amp  # noqa: E402
+from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, EstimatorSpec, amp  # noqa: E402
 
 WORKDIR = sys.argv[1]
 STEPS = 12
@@ -107,6 +107,26 @@ def nested_cond_model_fn(features, labels, mode, params):
     return EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
+def replacing_model_fn(features, labels, mode, params):
+    """As the Model Zoo's BERT does in EVAL: a features entry replaced in place, the dict handed to host_call."""
+    spec = nested_cond_model_fn(features, labels, mode, params)  # reads the input x
+    if mode != "eval":
+        return spec
+    features["x"] = tf.cast(features["x"], tf.float16)
+    return CSEstimatorSpec(mode, loss=spec.loss, host_call=(
+        lambda features: {"x_mean": tf.compat.v1.metrics.mean(tf.cast(features["x"], tf.float32))}, [features]))
+
+
+def a_replaced_features_entry():
+    system = estimator("replaced", replacing_model_fn, params={})
+    system.train(regression_input_fn, max_steps=2, use_cs=False)
+    metrics = system.evaluate(lambda params: regression_input_fn({"repeat": False}), steps=2, use_cs=True)
+    x = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)[:8]
+    np.testing.assert_allclose(metrics["x_mean"], x.astype(np.float16).astype(np.float32).mean(), rtol=1e-5)
+    ok("a features entry replaced by model_fn")
+    cerebras_tf.release_system()
+
+
 def nested_conds_and_workers():
     system = estimator("nested", nested_cond_model_fn, params={})
     system.train(regression_input_fn, max_steps=6)
@@ -127,7 +147,9 @@ def nested_conds_and_workers():
     np.testing.assert_allclose([p["y"] for p in predictions], [p["y"] for p in expected], rtol=1e-5)
     assert not tf.executing_eagerly()  # the script's mode is untouched
     ok("predict")
+    cerebras_tf.release_system()
 
 
 zoo_model()
 nested_conds_and_workers()
+a_replaced_features_entry()

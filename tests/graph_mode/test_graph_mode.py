@@ -9,7 +9,8 @@ import sys
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "graph_mode_run.py")
 CHECKS = ["validate and compile", "training on the system matches the Estimator", "summaries",
-          "evaluate with host_call", "nested conds", "two input workers", "predict"]
+          "evaluate with host_call", "nested conds", "two input workers", "predict",
+          "a features entry replaced by model_fn"]
 
 
 def test_a_graph_mode_script_validates_compiles_trains_evaluates_and_predicts_on_the_system(tmp_path):
