@@ -31,6 +31,7 @@ from cerebras_tf.host_kernels_tf import system_host_kernels
 from cerebras_tf.input_workers import InputStream, batch_size
 from cerebras_tf.amp.tf_loss_scaling import STATE_SCOPE as LOSS_SCALE_SCOPE, STATE_VARIABLES
 from cerebras_tf.settings import CSSettings
+from cerebras_tf.trainer_lock import trainer_lock
 from cerebras_tf.tensorboard import EventWriter, scalar_summary, write_graph
 from cerebras_tf.wse.executor import Executor, StepResult
 from cerebras_tf.wse.kernels import KernelInputError
@@ -44,6 +45,8 @@ def train_on_system(estimator: EstimatorBase, settings: CSSettings, model: Captu
                     estimated_samples_per_sec: float | None = None) -> int:
     """Train `model` (prechecked, compiled to `program`) on the simulated WSE; returns the final global step.
 
+    The run holds model_dir's trainer lock (trainer_lock.py): a second trainer on the same model_dir is refused.
+
     Batches come from an InputStream: the chief's own process, or the input
     workers that CSRunConfig(num_input_workers=N) or TF_CONFIG ask for (as the
     run's `settings` resolved them).
@@ -52,7 +55,8 @@ def train_on_system(estimator: EstimatorBase, settings: CSSettings, model: Captu
     when input_fn's data ends; if the input workers fail, the progress made
     since the last checkpoint is saved before the error is raised.
     """
-    with CheckpointWriter(program, model, estimator.model_dir, settings.keep_checkpoint_max) as checkpoints:
+    with trainer_lock(estimator.model_dir), \
+            CheckpointWriter(program, model, estimator.model_dir, settings.keep_checkpoint_max) as checkpoints:
         return _train(checkpoints, estimator, settings, model, program, input_fn, steps, max_steps,
                       estimated_samples_per_sec)
 

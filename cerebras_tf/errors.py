@@ -90,6 +90,12 @@ class ConfigTypeError(ConfigError, TypeError):
     refused when the config is built (a TypeError too)."""
 
 
+class TrainerLockError(CerebrasError):
+    """Another training run on the CS system holds the model_dir (cerebras_tf/trainer_lock.py)."""
+
+    tag = "[Cerebras]"
+
+
 class ModelDirError(CerebrasError):
     """model_dir (or compile_dir) cannot be used: a regular file, inside one, or not writable."""
 
