@@ -24,6 +24,7 @@ import tensorflow as tf
 from cerebras_tf.amp import GradScaler
 from cerebras_tf import ir
 from cerebras_tf.compiler import initial
+from cerebras_tf.compiler.lower import eval_metric_subgraph
 from cerebras_tf.divergence import DivergenceGuard
 from cerebras_tf.errors import InputWorkerError, RunArgumentError, UnsupportedTensorFlowError
 from cerebras_tf.host_checks import HostChecks
@@ -35,7 +36,7 @@ from cerebras_tf.trainer_lock import trainer_lock
 from cerebras_tf.tensorboard import EventWriter, scalar_summary, write_graph
 from cerebras_tf.wse.executor import Executor, StepResult
 from cerebras_tf.wse.kernels import KernelInputError
-from estimator import CapturedModel, EstimatorBase
+from estimator import CapturedModel, EstimatorBase, ModeKeys
 
 _log = tf.compat.v1.logging
 
@@ -281,6 +282,111 @@ class ModelSummaries:
             self._session.close()
 
 
+class HostEvalMetricOps:
+    """Runs the model_fn's own eval_metric_ops on the host (an appliance's evaluation).
+
+    The metric ops (lower.eval_metric_subgraph) are copied from the captured graph into a graph of their
+    own, where the model tensors they read become placeholders that each step's "eval_metric_input/<i>"
+    outputs feed; their metric variables start at their initial values (zero). It holds a TF session: use it
+    as a context manager (or call close())."""
+
+    def __init__(self, program: ir.Program, model: CapturedModel) -> None:
+        metrics = dict(model.spec.eval_metric_ops or {}) if model.input.mode == ModeKeys.EVAL else {}
+        self._session: Any = None
+        self._ops: dict[str, tuple[Any, Any]] = {}
+        if not metrics:
+            return
+        inputs, needed = eval_metric_subgraph(model.graph, metrics)
+        variables = model.graph.get_collection(tf.compat.v1.GraphKeys.METRIC_VARIABLES)
+        initializers = [v.initializer for v in variables]
+        needed |= {v.op for v in variables} | set(initializers) | _producers(initializers, stop=needed)
+        graph_def, placeholders = _subgraph_def(model.graph, needed, inputs)
+        self._graph = tf.Graph()
+        with self._graph.as_default():
+            tf.compat.v1.import_graph_def(graph_def, name="")
+        by_name = self._graph.as_graph_element
+        self._feeds = {f"{ir.EVAL_METRIC_INPUT_PREFIX}/{i}": by_name(f"{name}:0")
+                       for i, name in enumerate(placeholders)}
+        self._ops = {name: (by_name(_element_name(value)), by_name(_element_name(update)))
+                     for name, (value, update) in metrics.items()}
+        self._session = tf.compat.v1.Session(graph=self._graph)
+        try:
+            self._session.run([by_name(op.name) for op in initializers])
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+
+    def __enter__(self) -> "HostEvalMetricOps":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def update(self, outputs: dict[str, np.ndarray]) -> None:
+        if self._ops:
+            self._session.run([update for _, update in self._ops.values()],
+                              {tensor: np.asarray(outputs[key], tensor.dtype.as_numpy_dtype)
+                               for key, tensor in self._feeds.items()})
+
+    def result(self) -> dict[str, Any]:
+        if not self._ops:
+            return {}
+        values = self._session.run({name: value for name, (value, _) in self._ops.items()})
+        return {name: np.asarray(value).item() if np.ndim(value) == 0 else value for name, value in values.items()}
+
+
+def _element_name(item: Any) -> str:
+    return item.name
+
+
+def _producers(ops: list[Any], stop: set[Any]) -> set[Any]:
+    """The ops `ops` depend on (data and control), not crossing `stop`: an initializer's constant inputs."""
+    found: set[Any] = set()
+    stack = [t.op for op in ops for t in op.inputs] + [c for op in ops for c in op.control_inputs]
+    while stack:
+        op = stack.pop()
+        if op in found or op in stop:
+            continue
+        found.add(op)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return found
+
+
+def _subgraph_def(graph: tf.Graph, ops: set[Any], inputs: list[tf.Tensor]) -> tuple[Any, list[str]]:
+    """A GraphDef of `ops` alone: each of `inputs` becomes a placeholder (names returned in order), control
+    inputs from outside are dropped."""
+    names = {op.name for op in ops}
+    placeholder_of = {tensor.name: f"eval_metric_input_{i}" for i, tensor in enumerate(inputs)}
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.versions.CopyFrom(graph.graph_def_versions)
+    for i, tensor in enumerate(inputs):
+        node = graph_def.node.add(name=f"eval_metric_input_{i}", op="Placeholder")
+        node.attr["dtype"].type = tensor.dtype.as_datatype_enum
+        node.attr["shape"].shape.CopyFrom(tensor.shape.as_proto())
+    for node in graph.as_graph_def().node:
+        if node.name not in names:
+            continue
+        copy = graph_def.node.add()
+        copy.CopyFrom(node)
+        del copy.input[:]
+        for source in node.input:
+            if source.startswith("^"):
+                if source[1:] in names:
+                    copy.input.append(source)
+                continue
+            tensor_name = source if ":" in source else f"{source}:0"
+            if source.split(":")[0] in names:
+                copy.input.append(source)
+            else:
+                copy.input.append(placeholder_of[tensor_name])
+    return graph_def, [f"eval_metric_input_{i}" for i in range(len(inputs))]
+
+
 def grad_scaler_for(program: ir.Program, half_dtype: str | None = None) -> GradScaler | None:
     """The executor's GradScaler: amp.optimizer_step's settings in the program, else dynamic with the
     defaults for `half_dtype` (None: amp's selected half dtype); None when the model does its own loss
@@ -454,8 +560,8 @@ def evaluate_on_system(estimator: EstimatorBase, settings: CSSettings, model: Ca
     global_step = int(reader.get_tensor("global_step")) if reader.has_tensor("global_step") else 0
     host_checks = HostChecks(program, "evaluation")  # the model's assertions and prints, after each step
     losses: list[float] = []
-    with HostMetrics(program, getattr(model.spec, "host_call", None)) as host, \
-            _local_stream(input_fn, estimator.params) as batches:
+    with HostMetrics(program, getattr(model.spec, "host_call", None)) as host, HostEvalMetricOps(program, model) \
+            as metric_ops, _local_stream(input_fn, estimator.params) as batches:
         for _ in range(steps):
             try:
                 features, labels = next(batches)
@@ -466,7 +572,9 @@ def evaluate_on_system(estimator: EstimatorBase, settings: CSSettings, model: Ca
             host_checks.after_step(outputs)
             losses.append(float(outputs["loss"]))
             host.update(outputs)
-        metrics = {**host.result(), "loss": float(np.mean(losses)), "global_step": global_step}
+            metric_ops.update(outputs)
+        metrics = {**host.result(), **metric_ops.result(), "loss": float(np.mean(losses)),
+                   "global_step": global_step}
     # TF1 simple_value scalars in eval/, as tf.estimator writes its evaluation results (no TF2 tf.summary:
     # that needs the tensorboard package on TF >= 2.16); non-scalar metrics are skipped, as there.
     writer = EventWriter(os.path.join(estimator.model_dir, "eval"))

@@ -63,8 +63,10 @@ def program_outputs(model: CapturedModel) -> ProgramOutputs:
 
     PREDICT: "predictions/<key>". TRAIN and EVAL: "loss", one "host_call/<path>"
     per tensor leaf of host_call's (nested) tensors (the rules checked its
-    structure), and in TRAIN "summary/<tag>" for each scalar or histogram
-    tf.compat.v1 summary made in model_fn (written by the host).
+    structure), in EVAL "eval_metric_input/<i>" for the tensors eval_metric_ops
+    read (only an appliance's evaluation gets that far with them: see
+    eval_metric_inputs), and in TRAIN "summary/<tag>" for each scalar or
+    histogram tf.compat.v1 summary made in model_fn (written by the host).
     """
     spec, mode = model.spec, model.input.mode
     outputs: dict[str, tf.Tensor] = {}
@@ -82,6 +84,9 @@ def program_outputs(model: CapturedModel) -> ProgramOutputs:
     if host_call is not None:
         structure, leaves, _ = ir.host_call_structure(host_call[1], lambda x: isinstance(x, tf.Tensor))
         outputs.update(leaves)
+    if mode == ModeKeys.EVAL and spec.eval_metric_ops:  # an appliance's evaluation: the host runs the metric ops
+        inputs = eval_metric_inputs(model.graph, spec.eval_metric_ops)
+        outputs.update({f"{ir.EVAL_METRIC_INPUT_PREFIX}/{i}": tensor for i, tensor in enumerate(inputs)})
     kinds: dict[str, str] = {}
     if mode == ModeKeys.TRAIN:
         kinds, tensors = summary_kinds(model.graph)
@@ -89,6 +94,55 @@ def program_outputs(model: CapturedModel) -> ProgramOutputs:
         if spec.train_op is not None:
             roots.append(spec.train_op if isinstance(spec.train_op, tf.Operation) else spec.train_op.op)
     return ProgramOutputs(outputs, structure, kinds, roots)
+
+
+def eval_metric_inputs(graph: tf.Graph, eval_metric_ops: dict[str, Any]) -> list[tf.Tensor]:
+    """The model's tensors that `eval_metric_ops` read, in a fixed order: what an EVAL program streams so the
+    host can run the metric ops over it (see eval_metric_subgraph)."""
+    return eval_metric_subgraph(graph, eval_metric_ops)[0]
+
+
+def eval_metric_subgraph(graph: tf.Graph, eval_metric_ops: dict[str, Any]
+                         ) -> tuple[list[tf.Tensor], set[tf.Operation]]:
+    """(the tensors the metric ops read from the model, in a fixed order; the metric ops the value and update
+    ops need).
+
+    The metric side is every op that depends on a metric variable (tf.compat.v1.metrics' local state); the
+    tensors the metric ops take from outside it (predictions, labels, weights: the model side) are the inputs.
+    Constants they read come along with them. A metric value or update op that reads no metric variable is an
+    input itself. Control dependencies on
+    model-side ops (tf.compat.v1.metrics.mean waits for its values) are met by the inputs' being computed.
+    """
+    metric_ops = {v.op for v in graph.get_collection(tf.compat.v1.GraphKeys.METRIC_VARIABLES)}
+    stack = list(metric_ops)
+    while stack:  # every op that depends on a metric variable
+        for out in stack.pop().outputs:
+            for consumer in out.consumers():
+                if consumer not in metric_ops:
+                    metric_ops.add(consumer)
+                    stack.append(consumer)
+    roots = [item if isinstance(item, tf.Operation) else item.op
+             for name in sorted(eval_metric_ops) for item in eval_metric_ops[name]]
+    inputs: dict[str, tf.Tensor] = {}
+    needed: set[tf.Operation] = set()
+    stack = []
+    for root in roots:
+        if root in metric_ops:
+            stack.append(root)
+        else:
+            inputs.update((out.name, out) for out in root.outputs)
+    while stack:
+        op = stack.pop()
+        if op in needed:
+            continue
+        needed.add(op)
+        for tensor in op.inputs:
+            if tensor.op in metric_ops or tensor.op.type == "Const":  # constants come along, not streamed
+                stack.append(tensor.op)
+            else:
+                inputs.setdefault(tensor.name, tensor)
+        stack.extend(c for c in op.control_inputs if c in metric_ops)
+    return [inputs[name] for name in sorted(inputs)], needed
 
 
 # tf.compat.v1 summary ops (GraphKeys.SUMMARIES) -> kind; the host writes "scalar" and "histogram".

@@ -9,6 +9,7 @@ import ir; ir.Program`.
 from cerebras_tf.ir.keys import (
     ASSERT_PREFIX,
     FILE_STREAM_PREFIX,
+    EVAL_METRIC_INPUT_PREFIX,
     HOST_CALL_PREFIX,
     HOST_SUMMARY_KINDS,
     PRINT_PREFIX,
@@ -36,7 +37,8 @@ from cerebras_tf.ir.verify import IRError, verify
 from cerebras_tf.ir.vocabulary import DTYPES, HALF, KINDS, READS_VARIABLES, ROLES, VARIABLE_ROLES, WRITES
 
 __all__ = [
-    "ASSERT_PREFIX", "CONSTANTS_FILE", "DTYPES", "FILE_STREAM_PREFIX", "HALF", "HOST_CALL_PREFIX",
+    "ASSERT_PREFIX", "CONSTANTS_FILE", "DTYPES", "EVAL_METRIC_INPUT_PREFIX", "FILE_STREAM_PREFIX", "HALF",
+    "HOST_CALL_PREFIX",
     "HOST_SUMMARY_KINDS", "IRError", "IR_VERSION", "KINDS", "PRINT_PREFIX", "PRINT_STREAMS", "PROGRAM_FILE",
     "READS_VARIABLES", "ROLES", "SUMMARY_PREFIX", "VARIABLE_ROLES", "WRITES", "Const", "Kernel", "Layer", "Program",
     "Tensor", "Variable", "array_key", "check_key", "host_call_arguments", "host_call_structure", "input_leaves",

@@ -9,6 +9,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 HOST_CALL_PREFIX = "host_call"
+# The tensors an EVAL program's eval_metric_ops read from the model (an appliance's evaluation: the host runs
+# the metric ops over them): "eval_metric_input/<i>".
+EVAL_METRIC_INPUT_PREFIX = "eval_metric_input"
 SUMMARY_PREFIX = "summary"
 # The summary kinds computed on the wafer as outputs "summary/<tag>" and written by the host.
 HOST_SUMMARY_KINDS = ("scalar", "histogram")

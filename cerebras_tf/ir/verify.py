@@ -15,14 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from cerebras_tf.ir.keys import (ASSERT_PREFIX, FILE_STREAM_PREFIX, HOST_CALL_PREFIX, HOST_SUMMARY_KINDS,
-                                 PRINT_PREFIX, PRINT_STREAMS, SUMMARY_PREFIX)
+from cerebras_tf.ir.keys import (ASSERT_PREFIX, EVAL_METRIC_INPUT_PREFIX, FILE_STREAM_PREFIX, HOST_CALL_PREFIX,
+                                 HOST_SUMMARY_KINDS, PRINT_PREFIX, PRINT_STREAMS, SUMMARY_PREFIX)
 from cerebras_tf.ir.passes import phases
 from cerebras_tf.ir.program import IR_VERSION, Kernel, Program
 from cerebras_tf.ir.vocabulary import DTYPES, KINDS, ROLES, VARIABLE_ROLES, WRITES
 
 _INPUT_SIDES = ("features", "labels")
-_OUTPUT_KEYS = ("loss", HOST_CALL_PREFIX, SUMMARY_PREFIX, "predictions", ASSERT_PREFIX, PRINT_PREFIX)
+_OUTPUT_KEYS = ("loss", HOST_CALL_PREFIX, EVAL_METRIC_INPUT_PREFIX, SUMMARY_PREFIX, "predictions", ASSERT_PREFIX,
+                PRINT_PREFIX)
 
 
 class IRError(ValueError):

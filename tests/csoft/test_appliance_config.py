@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from google.protobuf import json_format
@@ -13,7 +14,8 @@ from cerebras_tf import CSRunConfig
 from cerebras_tf.cs_config import FULL_CONFIG_FIELD, ApplianceCSConfig
 from cerebras_tf.cs_messages import PROTO_FILES, DebugArgs, ExecutionStrategy, FullConfig
 from cerebras_tf.csoft.appliance import get_debug_args
-from cerebras_tf.errors import ConfigError, ConfigTypeError, ConfigValueError
+from cerebras_tf.errors import CerebrasError, ConfigError, ConfigTypeError, ConfigValueError
+from estimator import EstimatorSpec
 
 THIS_FILE = os.path.abspath(__file__)
 TS_ENABLED = PROTO_FILES["tri_state"]["TS_ENABLED"]
@@ -121,3 +123,30 @@ def test_what_the_simulated_system_cannot_do_is_refused_before_anything_is_writt
         fields, fragment, model_dir, build_estimator, make_input_fn, assert_refused):
     estimator = build_estimator(model_dir, config=CSRunConfig(cs_config=appliance_config(**fields)))
     assert_refused(estimator, ConfigError, lambda: estimator.train(make_input_fn(), max_steps=2), fragment)
+
+
+def _metric_ops_model_fn(features, labels, mode, params):
+    """A model_fn that returns eval_metric_ops, as R1.8's GPT-2 (outside the pipeline estimator) and GPT-J do."""
+    output = tf.compat.v1.layers.dense(features, 1, name="out",
+                                       kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=3))
+    loss = tf.reduce_mean(tf.square(output - labels))
+    step = tf.compat.v1.train.get_or_create_global_step()
+    train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=step)
+    weights = tf.cast(labels > 0, tf.float32)
+    metrics = {"eval/mae": tf.compat.v1.metrics.mean_absolute_error(labels, output, weights=weights),
+               "eval/mean_output": tf.compat.v1.metrics.mean(output)}
+    return EstimatorSpec(mode, loss=loss, train_op=train_op, eval_metric_ops=metrics)
+
+
+def test_an_appliance_evaluation_runs_the_models_eval_metric_ops_on_the_host(
+        model_dir, build_estimator, make_input_fn, float32_numerics):
+    estimator = build_estimator(model_dir, _metric_ops_model_fn, config=CSRunConfig(cs_config=appliance_config()))
+    estimator.train(make_input_fn(), max_steps=3, use_cs=False)
+    on_system = estimator.evaluate(make_input_fn(shuffle=False, repeat=1), steps=2, use_cs=True)
+    on_cpu = estimator.evaluate(make_input_fn(shuffle=False, repeat=1), steps=2)
+    assert set(on_system) == set(on_cpu) == {"eval/mae", "eval/mean_output", "loss", "global_step"}
+    for key in on_cpu:
+        np.testing.assert_allclose(on_system[key], on_cpu[key], rtol=1e-5, err_msg=key)
+    container = build_estimator(model_dir, _metric_ops_model_fn)  # a cs_ip: host_call is how metrics are computed
+    with pytest.raises(CerebrasError, match="Detected unsupported eval_metric_ops in CS system evaluation run"):
+        container.evaluate(make_input_fn(shuffle=False, repeat=1), steps=2, use_cs=True)
