@@ -282,45 +282,33 @@ class ModelSummaries:
             self._session.close()
 
 
-class HostEvalMetricOps:
-    """Runs the model_fn's own eval_metric_ops on the host (an appliance's evaluation).
+class _HostMetricSession:
+    """Metric ops the host runs in a graph of its own: `update` runs every update op with the step's streamed
+    outputs fed to their placeholders, `result` the value ops. A subclass fills _graph, _ops (name -> (value,
+    update)) and _feeds (output key -> placeholder), and calls _start. It holds a TF session once started: use
+    it as a context manager (or call close())."""
 
-    The metric ops (lower.eval_metric_subgraph) are copied from the captured graph into a graph of their
-    own, where the model tensors they read become placeholders that each step's "eval_metric_input/<i>"
-    outputs feed; their metric variables start at their initial values (zero). It holds a TF session: use it
-    as a context manager (or call close())."""
-
-    def __init__(self, program: ir.Program, model: CapturedModel) -> None:
-        metrics = dict(model.spec.eval_metric_ops or {}) if model.input.mode == ModeKeys.EVAL else {}
-        self._session: Any = None
-        self._ops: dict[str, tuple[Any, Any]] = {}
-        if not metrics:
-            return
-        inputs, needed = eval_metric_subgraph(model.graph, metrics)
-        variables = model.graph.get_collection(tf.compat.v1.GraphKeys.METRIC_VARIABLES)
-        initializers = [v.initializer for v in variables]
-        needed |= {v.op for v in variables} | set(initializers) | _producers(initializers, stop=needed)
-        graph_def, placeholders = _subgraph_def(model.graph, needed, inputs)
+    def __init__(self) -> None:
         self._graph = tf.Graph()
-        with self._graph.as_default():
-            tf.compat.v1.import_graph_def(graph_def, name="")
-        by_name = self._graph.as_graph_element
-        self._feeds = {f"{ir.EVAL_METRIC_INPUT_PREFIX}/{i}": by_name(f"{name}:0")
-                       for i, name in enumerate(placeholders)}
-        self._ops = {name: (by_name(_element_name(value)), by_name(_element_name(update)))
-                     for name, (value, update) in metrics.items()}
+        self._ops: dict[str, tuple[Any, Any]] = {}
+        self._feeds: dict[str, Any] = {}
+        self._session: Any = None
+
+    def _start(self, initializers: list[Any]) -> None:
+        """Open the session and run `initializers` (the metric variables')."""
         self._session = tf.compat.v1.Session(graph=self._graph)
         try:
-            self._session.run([by_name(op.name) for op in initializers])
+            self._session.run(initializers)
         except BaseException:
             self.close()
             raise
 
     def close(self) -> None:
+        """Release the session that computes the metrics (if there is one)."""
         if self._session is not None:
             self._session.close()
 
-    def __enter__(self) -> "HostEvalMetricOps":
+    def __enter__(self) -> "_HostMetricSession":
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -329,18 +317,65 @@ class HostEvalMetricOps:
     def update(self, outputs: dict[str, np.ndarray]) -> None:
         if self._ops:
             self._session.run([update for _, update in self._ops.values()],
-                              {tensor: np.asarray(outputs[key], tensor.dtype.as_numpy_dtype)
-                               for key, tensor in self._feeds.items()})
+                              {placeholder: np.asarray(outputs[key], placeholder.dtype.as_numpy_dtype)
+                               for key, placeholder in self._feeds.items()})
 
     def result(self) -> dict[str, Any]:
+        """Each metric's value: a Python number for a scalar, else the array."""
         if not self._ops:
             return {}
         values = self._session.run({name: value for name, (value, _) in self._ops.items()})
         return {name: np.asarray(value).item() if np.ndim(value) == 0 else value for name, value in values.items()}
 
 
-def _element_name(item: Any) -> str:
-    return item.name
+class HostMetrics(_HostMetricSession):
+    """Runs host_call's fn on the host over the tensors each step streams off the wafer.
+
+    fn gets placeholders in the nest the model_fn gave (program.host_call's
+    structure: None stays None, lists, tuples and dicts rebuilt), positionally
+    or by keyword; half-precision outputs arrive as float32.
+    """
+
+    def __init__(self, program: ir.Program, host_call: Any) -> None:
+        super().__init__()
+        if host_call is None or program.host_call is None:
+            return
+        with self._graph.as_default():
+            for key in program.outputs:
+                if key.startswith(f"{ir.HOST_CALL_PREFIX}/"):
+                    tensor = program.tensors[program.outputs[key]]
+                    dtype = "float32" if tensor.dtype == ir.HALF else tensor.dtype
+                    self._feeds[key] = tf.compat.v1.placeholder(dtype, tensor.shape)
+            args, kwargs = ir.host_call_arguments(program.host_call, self._feeds.__getitem__)
+            self._ops = dict(host_call[0](*args, **kwargs))
+            initializer = tf.compat.v1.local_variables_initializer()
+        self._start([initializer])
+
+
+class HostEvalMetricOps(_HostMetricSession):
+    """Runs the model_fn's own eval_metric_ops on the host (an appliance's evaluation).
+
+    The metric ops (lower.eval_metric_subgraph) are copied from the captured graph into a graph of their
+    own, where the model tensors they read become placeholders that each step's "eval_metric_input/<i>"
+    outputs feed; their metric variables start at their initial values (zero)."""
+
+    def __init__(self, program: ir.Program, model: CapturedModel) -> None:
+        super().__init__()
+        metrics = dict(model.spec.eval_metric_ops or {}) if model.input.mode == ModeKeys.EVAL else {}
+        if not metrics:
+            return
+        inputs, needed = eval_metric_subgraph(model.graph, metrics)
+        variables = model.graph.get_collection(tf.compat.v1.GraphKeys.METRIC_VARIABLES)
+        initializers = [v.initializer for v in variables]
+        needed |= {v.op for v in variables} | set(initializers) | _producers(initializers, stop=needed)
+        graph_def, placeholders = _subgraph_def(model.graph, needed, inputs)
+        with self._graph.as_default():
+            tf.compat.v1.import_graph_def(graph_def, name="")
+        by_name = self._graph.as_graph_element
+        self._feeds = {f"{ir.EVAL_METRIC_INPUT_PREFIX}/{i}": by_name(f"{name}:0")
+                       for i, name in enumerate(placeholders)}
+        self._ops = {name: (by_name(value.name), by_name(update.name)) for name, (value, update) in metrics.items()}
+        self._start([by_name(op.name) for op in initializers])
 
 
 def _producers(ops: list[Any], stop: set[Any]) -> set[Any]:
@@ -621,59 +656,3 @@ def _local_stream(input_fn: Callable[..., Any], params: dict[str, Any]) -> Input
     """input_fn's batches read in the chief's process, as evaluation and prediction on the system read them
     (input_fn runs eagerly, even if the caller is building a graph: see InputStream)."""
     return InputStream.local(input_fn, params)
-
-
-class HostMetrics:
-    """Runs host_call's fn on the host over the tensors each step streams off the wafer.
-
-    fn gets placeholders in the nest the model_fn gave (program.host_call's
-    structure: None stays None, lists, tuples and dicts rebuilt), positionally
-    or by keyword; half-precision outputs arrive as float32. With a host_call it
-    holds a TF session: use it as a context manager (or call close()).
-    """
-
-    def __init__(self, program: ir.Program, host_call: Any) -> None:
-        self._keys = [key for key in program.outputs if key.startswith(f"{ir.HOST_CALL_PREFIX}/")]
-        self._graph = tf.Graph()
-        self._metrics: dict[str, Any] = {}
-        self._session: Any = None
-        if host_call is None or program.host_call is None:
-            return
-        with self._graph.as_default():
-            self._feeds = {}
-            for key in self._keys:
-                tensor = program.tensors[program.outputs[key]]
-                dtype = "float32" if tensor.dtype == ir.HALF else tensor.dtype
-                self._feeds[key] = tf.compat.v1.placeholder(dtype, tensor.shape)
-            args, kwargs = ir.host_call_arguments(program.host_call, self._feeds.__getitem__)
-            self._metrics = host_call[0](*args, **kwargs)
-            self._session = tf.compat.v1.Session(graph=self._graph)
-            try:
-                self._session.run(tf.compat.v1.local_variables_initializer())
-            except BaseException:
-                self.close()
-                raise
-
-    def close(self) -> None:
-        """Release the session that computes the metrics (if there is one)."""
-        if self._session is not None:
-            self._session.close()
-
-    def __enter__(self) -> "HostMetrics":
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def update(self, outputs: dict[str, np.ndarray]) -> None:
-        if self._metrics:
-            with self._graph.as_default():
-                self._session.run([update for _, update in self._metrics.values()],
-                                  {self._feeds[k]: outputs[k] for k in self._keys})
-
-    def result(self) -> dict[str, float]:
-        if not self._metrics:
-            return {}
-        with self._graph.as_default():
-            values = self._session.run({name: value for name, (value, _) in self._metrics.items()})
-        return {name: float(value) for name, value in values.items()}
