@@ -86,6 +86,17 @@ def _normalized(address: str) -> str:
     return f"{'127.0.0.1' if host == 'localhost' else host.lower()}:{port}"
 
 
+def _json_object(raw: str) -> dict[str, Any]:
+    """TF_CONFIG's JSON object, or the ConfigError naming what it is instead."""
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise _error("TF_CONFIG", f"not valid JSON ({exc})", raw) from None
+    if not isinstance(config, dict):
+        raise _error("TF_CONFIG", f"expected a JSON object, got {type(config).__name__}", raw)
+    return config
+
+
 def check_tf_config_json(raw: str | None) -> None:
     """Refuse a TF_CONFIG that tf.estimator's RunConfig could not read at all (it would fail with a raw
     JSONDecodeError or AttributeError): set but empty, not JSON, not an object, or a cluster/task that is not
@@ -95,12 +106,7 @@ def check_tf_config_json(raw: str | None) -> None:
         return
     if not raw.strip():
         raise ConfigError("TF_CONFIG is set but empty.", fix=f"Unset TF_CONFIG, or: {_FIX}")
-    try:
-        config = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise _error("TF_CONFIG", f"not valid JSON ({exc})", raw) from None
-    if not isinstance(config, dict):
-        raise _error("TF_CONFIG", f"expected a JSON object, got {type(config).__name__}", raw)
+    config = _json_object(raw)
     for field in ("cluster", "task"):
         if field in config and not isinstance(config[field], dict):
             raise _error(field, f"expected an object, got {config[field]!r}", raw)
@@ -115,12 +121,7 @@ def parse_tf_config(raw: str | None) -> Cluster:
     """
     if not raw:
         return Cluster(chief="localhost:2222")
-    try:
-        config = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise _error("TF_CONFIG", f"not valid JSON ({exc})", raw) from None
-    if not isinstance(config, dict):
-        raise _error("TF_CONFIG", f"expected a JSON object, got {type(config).__name__}", raw)
+    config = _json_object(raw)
     cluster = config.get("cluster")
     if not isinstance(cluster, dict):
         raise _error("cluster", "missing, or not an object mapping task types to address lists", raw)
