@@ -156,7 +156,10 @@ class CerebrasEstimator(EstimatorBase):
         problems += self._call_problems(settings)
         self._announce_system("Training", settings)
         model = precheck(self, input_fn, ModeKeys.TRAIN, problems, settings)
-        self._check_checkpoint(model, tf.train.latest_checkpoint(self.model_dir))
+        latest = tf.train.latest_checkpoint(self.model_dir)
+        self._check_checkpoint(model, latest)
+        if latest is None and self.warm_start_settings is not None:
+            raise_problems(rules.checkpoint.check_warm_start(model.graph, self.warm_start_settings))
         compiled = self._program_system(model, settings)
         estimate = compiled.placement.estimated_samples_per_sec if compiled.placement is not None else None
         train_on_system(self, settings, model, compiled.program, input_fn, steps, max_steps, estimate)

@@ -14,7 +14,6 @@ and prediction run their programs from a checkpoint the same way.
 from __future__ import annotations
 
 import os
-import re
 import time
 from typing import Any, Callable, Iterator
 
@@ -26,11 +25,12 @@ from cerebras_tf import ir
 from cerebras_tf.compiler import initial
 from cerebras_tf.compiler.lower import eval_metric_subgraph
 from cerebras_tf.divergence import DivergenceGuard
-from cerebras_tf.errors import InputWorkerError, RunArgumentError, UnsupportedTensorFlowError
+from cerebras_tf.errors import InputWorkerError, RunArgumentError
 from cerebras_tf.host_checks import HostChecks
 from cerebras_tf.host_kernels_tf import system_host_kernels
 from cerebras_tf.input_workers import InputStream, batch_size
 from cerebras_tf.amp.tf_loss_scaling import STATE_SCOPE as LOSS_SCALE_SCOPE, STATE_VARIABLES
+from cerebras_tf.rules.checkpoint import warm_start_path, warm_started_variables
 from cerebras_tf.settings import CSSettings
 from cerebras_tf.trainer_lock import trainer_lock
 from cerebras_tf.tensorboard import EventWriter, scalar_summary, write_graph
@@ -434,32 +434,12 @@ def grad_scaler_for(program: ir.Program, half_dtype: str | None = None) -> GradS
 
 
 def warm_start_values(settings: Any, program: ir.Program) -> dict[str, np.ndarray]:
-    """Values a tf.estimator.WarmStartSettings selects, with TF's selection rules: a regex matches
-    trainable variables, a list of names/prefixes matches any variable; renames via
-    var_name_to_prev_var_name. Vocabulary remapping is refused."""
-    if settings.var_name_to_vocab_info:
-        raise UnsupportedTensorFlowError(
-            "warm_start_from with var_name_to_vocab_info (vocabulary remapping) is not supported on the CS system.",
-            fix="Remap the embedding once on CPU (warm-start a CPU run and save), then warm-start from that "
-                "checkpoint.")
-    path = settings.ckpt_to_initialize_from
-    if tf.io.gfile.isdir(path):
-        saved_model_variables = os.path.join(path, "variables", "variables")
-        path = (saved_model_variables if tf.io.gfile.exists(saved_model_variables + ".index")
-                else tf.train.latest_checkpoint(path))
-    if not path:
-        raise UnsupportedTensorFlowError(f"warm_start_from={settings.ckpt_to_initialize_from!r} holds no checkpoint.",
-                                         fix="Point warm_start_from at a checkpoint, its directory or a SavedModel.")
-    wanted = settings.vars_to_warm_start
-    if wanted is None or isinstance(wanted, str):
-        pattern = re.compile(wanted or ".*")
-        chosen = [v.name for v in program.variables if v.trainable and pattern.match(v.name)]
-    else:
-        patterns = [re.compile(w if isinstance(w, str) else w.op.name) for w in wanted]
-        chosen = [v.name for v in program.variables if any(p.match(v.name) for p in patterns)]
+    """Values a tf.estimator.WarmStartSettings selects (rules.checkpoint: its checkpoint and TF's selection
+    rules; vocabulary remapping is refused)."""
+    path = warm_start_path(settings)
+    chosen = warm_started_variables(settings, [(v.name, v.trainable) for v in program.variables])
     reader = tf.train.load_checkpoint(path)
-    renames = settings.var_name_to_prev_var_name or {}
-    values = {name: reader.get_tensor(renames.get(name, name)) for name in chosen}
+    values = {name: reader.get_tensor(source) for name, source in chosen.items()}
     _log.info("Warm-starting %d variables of the simulated WSE from %s.", len(values), path)
     return values
 

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from typing import Any
 
 import tensorflow as tf
 
-from cerebras_tf.errors import CerebrasError, CheckpointMismatchError
+from cerebras_tf.errors import CerebrasError, CheckpointMismatchError, UnsupportedTensorFlowError
 from estimator.source import op_location
 
 
@@ -157,6 +158,70 @@ def _step(prefix: str) -> int:
     """The global step in a checkpoint prefix's name (model.ckpt-1200 -> 1200; -1 when it has none)."""
     tail = prefix.rsplit("-", 1)[-1]
     return int(tail) if tail.isdigit() else -1
+
+
+def warm_start_path(settings: Any) -> str:
+    """The checkpoint prefix a tf.estimator.WarmStartSettings reads: its ckpt_to_initialize_from, or that
+    directory's latest checkpoint, or a SavedModel's variables; UnsupportedTensorFlowError when it holds none
+    or asks for vocabulary remapping (not supported on the CS system)."""
+    if settings.var_name_to_vocab_info:
+        raise UnsupportedTensorFlowError(
+            "warm_start_from with var_name_to_vocab_info (vocabulary remapping) is not supported on the CS system.",
+            fix="Remap the embedding once on CPU (warm-start a CPU run and save), then warm-start from that "
+                "checkpoint.")
+    path = settings.ckpt_to_initialize_from
+    if tf.io.gfile.isdir(path):
+        saved_model_variables = os.path.join(path, "variables", "variables")
+        path = (saved_model_variables if tf.io.gfile.exists(saved_model_variables + ".index")
+                else tf.train.latest_checkpoint(path))
+    if not path:
+        raise UnsupportedTensorFlowError(f"warm_start_from={settings.ckpt_to_initialize_from!r} holds no checkpoint.",
+                                         fix="Point warm_start_from at a checkpoint, its directory or a SavedModel.")
+    return str(path)
+
+
+def warm_started_variables(settings: Any, variables: list[tuple[str, bool]]) -> dict[str, str]:
+    """Of `variables` ((name, trainable) pairs), those WarmStartSettings selects, with TF's rules (a regex
+    matches trainable variables, a list of names/prefixes any variable), each with its name in the
+    checkpoint (var_name_to_prev_var_name renames)."""
+    wanted = settings.vars_to_warm_start
+    if wanted is None or isinstance(wanted, str):
+        pattern = re.compile(wanted or ".*")
+        chosen = [name for name, trainable in variables if trainable and pattern.match(name)]
+    else:
+        patterns = [re.compile(w if isinstance(w, str) else w.op.name) for w in wanted]
+        chosen = [name for name, _ in variables if any(p.match(name) for p in patterns)]
+    renames = settings.var_name_to_prev_var_name or {}
+    return {name: renames.get(name, name) for name in chosen}
+
+
+def check_warm_start(graph: tf.Graph, settings: Any) -> list[CerebrasError]:
+    """The variables warm_start_from selects are in its checkpoint with the model's shapes and dtypes (or one
+    error naming each that is not, with both); checked before anything is compiled or written."""
+    path = warm_start_path(settings)
+    trainable = {v.op.name for v in graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
+    model = graph_variables(graph)
+    chosen = warm_started_variables(settings, [(name, name in trainable) for name in sorted(model)])
+    try:
+        stored = checkpoint_variables(path)
+    except _READ_ERRORS as error:
+        return [CheckpointMismatchError(f"The warm-start checkpoint {path} cannot be read: {_how(error)}.",
+                                        fix="Point warm_start_from at a readable checkpoint.")]
+    lines = []
+    for name, source in sorted(chosen.items()):
+        have, wanted = stored.get(source), model[name]
+        if have is None:
+            lines.append(f"{name}: the model has {wanted}, the checkpoint has no variable {source}")
+        elif (have.dtype, have.shape) != (wanted.dtype, wanted.shape):
+            lines.append(f"{name}: the model has {wanted}, the checkpoint's {source} is {have}")
+    if not lines:
+        return []
+    return [CheckpointMismatchError(
+        f"warm_start_from={settings.ckpt_to_initialize_from!r} ({path}) does not fit the model: {len(lines)} of "
+        "the variables it selects are missing from it or differ in shape or dtype:\n      " + "\n      ".join(lines),
+        where=model[sorted(chosen)[0]].location if chosen else None,
+        fix="Select only the variables that fit (WarmStartSettings(vars_to_warm_start=[...])), map renamed ones "
+            "with var_name_to_prev_var_name, or warm-start from a checkpoint of this model.")]
 
 
 def extra_variables(graph: tf.Graph, path: str, ignore_prefixes: tuple[str, ...] = ()) -> list[str]:

@@ -12,7 +12,9 @@ import pytest
 import tensorflow as tf
 from bad_input_helpers import checkpoint_files, estimator, refused, regression_input_fn, regressor
 
+from cerebras_tf import CerebrasEstimator, CSRunConfig
 from cerebras_tf.errors import CheckpointMismatchError
+from estimator import WarmStartSettings
 
 HELPERS = os.path.join(os.path.dirname(__file__), "bad_input_helpers.py")
 
@@ -148,3 +150,24 @@ def test_with_no_intact_checkpoint_left_the_fix_says_so(prior_checkpoint):
     error = refused(lambda: estimator(prior_checkpoint).train(regression_input_fn(), max_steps=4),
                     CheckpointMismatchError, "model.ckpt-2 cannot be read", model_dir=prior_checkpoint)
     assert "No intact checkpoint is left" in error.fix
+
+
+@pytest.mark.parametrize("vars_to_warm_start, lines", [
+    (".*", ["hidden/kernel: the model has float32[4,16], the checkpoint's hidden/kernel is float32[4,8]",
+            "hidden/bias: the model has float32[16], the checkpoint's hidden/bias is float32[8]",
+            "extra/kernel: the model has float32[16,16], the checkpoint has no variable extra/kernel", "5 of"]),
+    (["hidden/kernel", "extra/bias"], [
+        "hidden/kernel: the model has float32[4,16]",
+        "extra/bias: the model has float32[16], the checkpoint has no variable", "2 of"]),
+])
+def test_a_warm_start_that_does_not_fit_is_refused_before_anything_is_written(prior_checkpoint, tmp_path,
+                                                                               vars_to_warm_start, lines):
+    """Issue 24, item 7: the warm start used to fail inside the run, after the compile artifact was written."""
+    model_fn = regressor(hidden=16, extra_layer=True)
+    new_dir = str(tmp_path / "warm")
+    settings = WarmStartSettings(prior_checkpoint, vars_to_warm_start=vars_to_warm_start)
+    est = CerebrasEstimator(model_fn, model_dir=new_dir, warm_start_from=settings,
+                            config=CSRunConfig(cs_ip="localhost:9000"), params={"batch_size": 4})
+    error = refused(lambda: est.train(regression_input_fn(), max_steps=2), CheckpointMismatchError,
+                    f"warm_start_from={prior_checkpoint!r}", "does not fit the model", *lines, model_dir=new_dir)
+    assert "vars_to_warm_start" in error.fix
