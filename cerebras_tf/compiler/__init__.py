@@ -7,7 +7,8 @@
     result.reused         # True when the artifact in compile_dir was reused
 
 Modules: fold (static folding), kernels (TF op types -> the IR's kernel
-kinds), lower (graph -> IR, casts), artifact (compile_dir), report (the text
+kinds), lower (graph -> IR, casts), functions (the captured graph's function
+library: cond/case branches), artifact (compile_dir), report (the text
 report), layout (placement on the fabric), driver (compile_model), initial
 (variables' initial values, computed by TF). The IR itself, its verifier and
 the TF-free passes are the package `cerebras_tf.ir`. Importing this package

@@ -7,7 +7,8 @@ whose static shape is known, or a stateless op whose data inputs are all
 constant. Values come from Python where that is trivial (shapes, splats) and
 otherwise from TensorFlow itself, evaluating the constant subgraph copied into
 a clean graph (no control edges, no variables, nothing the user's graph would
-run as a side effect).
+run as a side effect), with the functions it calls from the captured graph's
+library.
 """
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ import re
 
 import copy
 import dataclasses
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
+
+from cerebras_tf.compiler.functions import library as function_library
 
 SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "VariableShape"})
 SPLAT_OPS = {"ZerosLike": 0, "OnesLike": 1}
@@ -84,10 +87,14 @@ class Folder:
 
     `ops` must be in topological order. `known` gives values for tensors of
     the graph (by name) that are constant for a reason the graph cannot show,
-    e.g. a function's inputs bound to constants.
+    e.g. a function's inputs bound to constants. `functions` looks up the
+    functions a constant op calls (a tf.switch_case on a constant index) in
+    the captured graph's library (functions.function_def).
     """
 
-    def __init__(self, ops: Sequence[tf.Operation], known: Mapping[str, Value] | None = None) -> None:
+    def __init__(self, ops: Sequence[tf.Operation], known: Mapping[str, Value] | None = None,
+                 functions: Callable[[str], Any] | None = None) -> None:
+        self._functions = functions or (lambda name: None)
         self._values: dict[str, Value] = dict(known or {})
         self._const: set[str] = set(self._values)
         self._by_tf: dict[str, tf.Operation] = {}  # ops whose outputs TF must compute
@@ -211,6 +218,7 @@ class Folder:
                 else:
                     node.input.append(tensor.name)
             graph_def.node.append(node)
+        graph_def.library.CopyFrom(function_library(graph_def.node, self._functions))
         return graph_def, [t.name for t in wanted]
 
 

@@ -214,9 +214,10 @@ def unsupported_hint(op: tf.Operation) -> str:
                 "(both computed, as the if-converted branches are), and keep tf.cond for choices that are not "
                 "differentiated (schedules, loss-scale updates).")
     if op.type in ("Case", "StatelessCase"):
-        return ("tf.switch_case (a Case op over an index) is not supported. Write it as tf.case over predicates "
-                "or nested tf.cond (compiled by running every branch and selecting the result; branch variable "
-                "writes happen only in the taken branch), or tf.where for element-wise choices.")
+        return ("tf.switch_case over a computed index (a Case op) is not supported (a constant index is folded). "
+                "Write it as tf.case over predicates or nested tf.cond (compiled by running every branch and "
+                "selecting the result; branch variable writes happen only in the taken branch), or tf.where for "
+                "element-wise choices.")
     if op.type in ("If", "StatelessIf"):
         return ("tf.cond/tf.case is compiled by running both branches and selecting the result (variable writes "
                 "happen only in the taken branch), so every op in both branches must run on the CS system.")

@@ -27,12 +27,10 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.framework import func_graph as func_graph_module
-from tensorflow.python.framework import function_def_to_graph, importer
 
 from cerebras_tf.amp.target import LOSS_SCALING_COLLECTION
 from cerebras_tf import ir
-from cerebras_tf.compiler import checks, fold, kernels
+from cerebras_tf.compiler import checks, fold, functions, kernels
 from cerebras_tf.ir import passes
 from cerebras_tf.tf_helper import BOUNDARY_CASTS
 from cerebras_tf.errors import (CerebrasError, DynamicShapeError, UnsupportedOpError,
@@ -229,12 +227,12 @@ def graph_hash(model: CapturedModel, extra: str = "") -> str:
         digest.update(f"{name}={tensor.name};".encode())
     for tensor, name in sorted(stop.items()):
         digest.update(f"{tensor}={name}:{model.graph.get_tensor_by_name(tensor).shape};".encode())
-    functions: dict[str, str] = {}
+    digests: dict[str, str] = {}
     for op in ops:
-        digest.update(_canonical_node(op.node_def, model.graph, functions))
+        digest.update(_canonical_node(op.node_def, model.graph, digests))
         if checks.is_check(op):  # its message's strings, and the line its error names
             for message_op in checks.message_ops(op):
-                digest.update(_canonical_node(message_op.node_def, model.graph, functions))
+                digest.update(_canonical_node(message_op.node_def, model.graph, digests))
             digest.update(f"at={op_location(op)};".encode())
     return digest.hexdigest()
 
@@ -250,36 +248,40 @@ def loss_scaling(graph: tf.Graph) -> dict[str, Any] | None:
     return json.loads(recorded.pop()) if recorded else None
 
 
-def _canonical_node(node_def: Any, graph: tf.Graph, functions: dict[str, str]) -> bytes:
-    """A NodeDef's bytes with function names replaced by digests of their bodies."""
-    has_function = any(value.HasField("func") for value in node_def.attr.values())
+def _canonical_node(node_def: Any, graph: tf.Graph, digests: dict[str, str]) -> bytes:
+    """A NodeDef's bytes with function names (If's branches, Case's list of them) replaced by digests of
+    their bodies: TF numbers a cond's functions anew each time a model is built."""
+    has_function = any(value.HasField("func") or (value.HasField("list") and value.list.func)
+                       for value in node_def.attr.values())
     if not has_function:
         return node_def.SerializeToString(deterministic=True)
     node = type(node_def)()
     node.CopyFrom(node_def)
     for value in node.attr.values():
         if value.HasField("func"):
-            value.func.name = _function_digest(value.func.name, graph, functions)
+            value.func.name = _function_digest(value.func.name, graph, digests)
+        elif value.HasField("list"):
+            for func in value.list.func:
+                func.name = _function_digest(func.name, graph, digests)
     return node.SerializeToString(deterministic=True)
 
 
-def _function_digest(name: str, graph: tf.Graph, functions: dict[str, str]) -> str:
-    if name not in functions:
-        fdef = type(_function_def(graph, name))()
-        fdef.CopyFrom(_function_def(graph, name))
+def _function_digest(name: str, graph: tf.Graph, digests: dict[str, str]) -> str:
+    if name not in digests:
+        definition = functions.function_def(graph, name)
+        if definition is None:  # not a function of the graph (TF refuses such a graph when it runs)
+            digests[name] = name
+            return name
+        fdef = type(definition)()
+        fdef.CopyFrom(definition)
         fdef.signature.name = ""
         digest = hashlib.sha256()
         for node in fdef.node_def:
-            digest.update(_canonical_node(node, graph, functions))
+            digest.update(_canonical_node(node, graph, digests))
         fdef.ClearField("node_def")
         digest.update(fdef.SerializeToString(deterministic=True))
-        functions[name] = digest.hexdigest()
-    return functions[name]
-
-
-def _function_def(graph: tf.Graph, name: str) -> Any:
-    function = graph._get_function(name)
-    return function.cached_definition if hasattr(function, "cached_definition") else function.definition
+        digests[name] = digest.hexdigest()
+    return digests[name]
 
 
 def _input_tensors(model: CapturedModel) -> dict[str, str]:
@@ -377,41 +379,13 @@ class _Builder:
         arguments bound to variables, whose shapes TF's shape inference then knows inside the function."""
         key = (name, variables)
         if key not in self._branches:
-            fdef = _function_def(self.graph, name)
-            self._branches[key] = _function_graph(self.graph, fdef, {i: self.variables[v] for i, v in variables})
+            self._branches[key] = functions.function_graph(self.graph, name,
+                                                           {i: self.variables[v] for i, v in variables})
         return self._branches[key]
 
-
-def _function_graph(outer: tf.Graph, fdef: Any, variables: dict[int, tf.Operation]) -> tf.Graph:
-    """function_def_to_graph, except that the resource arguments in `variables` become handles of those
-    variables (VarHandleOps of their dtype and shape, under the argument's name): a function argument
-    carries no variable shape, so reads of it would have unknown shapes.
-
-    The function's graph is built inside `outer` (the captured graph, whose library holds every function
-    its nested conds call), never the default graph or the eager context: with eager execution disabled,
-    the functions are in `outer` alone."""
-    with outer.as_default():
-        return _function_graph_in_default(fdef, variables)
-
-
-def _function_graph_in_default(fdef: Any, variables: dict[int, tf.Operation]) -> tf.Graph:
-    graph_def, flat = function_def_to_graph.function_def_to_graph_def(fdef)
-    for index, variable in variables.items():
-        node = next(n for n in graph_def.node if n.name == fdef.signature.input_arg[index].name)
-        node.op = "VarHandleOp"
-        node.ClearField("attr")
-        node.attr["dtype"].type = variable.get_attr("dtype").as_datatype_enum
-        node.attr["shape"].shape.CopyFrom(tf.TensorShape(variable.get_attr("shape")).as_proto())
-        node.attr["container"].s = b""
-        node.attr["shared_name"].s = node.name.encode()
-    graph = func_graph_module.FuncGraph(fdef.signature.name)
-    with graph.as_default():
-        importer.import_graph_def_for_function(graph_def, name="")
-    graph.inputs = [graph.get_tensor_by_name(flat[arg.name]) for arg in fdef.signature.input_arg]
-    graph.outputs = [graph.get_tensor_by_name(flat[fdef.ret[arg.name]]) for arg in fdef.signature.output_arg]
-    graph.control_outputs = [graph.get_operation_by_name(fdef.control_ret[name])
-                             for name in fdef.signature.control_output]
-    return graph
+    def function_def(self, name: str) -> Any:
+        """Function `name` of the captured graph's library (None if it has none by that name)."""
+        return functions.function_def(self.graph, name)
 
 
 class _GraphLowerer:
@@ -428,7 +402,7 @@ class _GraphLowerer:
         self.location = location  # for branch ops: the If op's location
         self.forced_role = role
         self.guard = guard  # in a tf.cond branch: makes (once) the scalar bool guarding its variable writes
-        self.folder = fold.Folder(ops, known)
+        self.folder = fold.Folder(ops, known, functions=builder.function_def)
         self.poisoned: set[str] = set()
         self.failed: set[str] = set()
         self.after_gradients: set[str] = set()

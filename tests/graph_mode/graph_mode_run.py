@@ -4,7 +4,8 @@ Run as `python graph_mode_run.py WORKDIR`; prints one `OK <check>` line per chec
 on the first that fails. Graph mode is process-wide, hence a script of its own. It validates, compiles,
 trains on the simulated system in float32 numerics and compares every variable and summary with the same
 model trained by the plain Estimator in this process; evaluates and predicts on the system against CPU;
-trains a model with a two-level nested tf.cond; and trains with two embedded input workers.
+trains a model whose tf.case holds a two-level nested tf.cond (and a constant tf.switch_case), refuses one
+with a while loop there; and trains with two embedded input workers.
 """
 import glob
 import json
@@ -23,6 +24,7 @@ import zoo_bert_like as zoo  # noqa: E402
 
 import cerebras_tf  # noqa: E402
 from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, EstimatorSpec, amp  # noqa: E402
+from cerebras_tf.errors import UnsupportedOpError  # noqa: E402
 
 WORKDIR = sys.argv[1]
 STEPS = 12
@@ -95,6 +97,19 @@ def regression_input_fn(params):
     return (dataset.repeat() if params.get("repeat", True) else dataset).batch(4, drop_remainder=True)
 
 
+def nested_rate(step, loop=False):
+    """A tf.case over global_step whose default holds a tf.cond two levels deep, the innermost choice a
+    tf.switch_case on a constant index (or, with `loop`, a tf.while_loop, which the CS system refuses)."""
+    def innermost():
+        if loop:
+            return tf.while_loop(lambda i, r: i < 2, lambda i, r: (i + 1, r * 0.5), (0, 0.08))[1]
+        return tf.switch_case(tf.constant(1), [lambda: tf.constant(0.5), lambda: tf.constant(0.01)])
+
+    return tf.case([(step < 2, lambda: tf.constant(0.05))],
+                   default=lambda: tf.cond(step < 4, lambda: tf.cond(step < 3, lambda: 0.03, lambda: 0.02),
+                                           innermost))
+
+
 def nested_cond_model_fn(features, labels, mode, params):
     prediction = tf.compat.v1.layers.dense(features["x"], 1, name="dense",
                                            kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=7))
@@ -102,7 +117,7 @@ def nested_cond_model_fn(features, labels, mode, params):
         return EstimatorSpec(mode, predictions={"y": prediction})
     loss = tf.reduce_mean(tf.square(prediction - labels))
     step = tf.compat.v1.train.get_or_create_global_step()
-    rate = tf.cond(step < 4, lambda: tf.cond(step < 2, lambda: 0.05, lambda: 0.02), lambda: 0.01)
+    rate = nested_rate(step, loop=params.get("loop", False))
     train_op = tf.compat.v1.train.GradientDescentOptimizer(rate).minimize(loss, global_step=step)
     return EstimatorSpec(mode, loss=loss, train_op=train_op)
 
@@ -135,6 +150,15 @@ def nested_conds_and_workers():
     for name in ("dense/kernel", "dense/bias"):  # float32 numerics
         np.testing.assert_allclose(system.get_variable_value(name), cpu.get_variable_value(name), rtol=1e-5)
     ok("nested conds")
+    looping = estimator("looping", nested_cond_model_fn, params={"loop": True})
+    try:
+        looping.compile(regression_input_fn, validate_only=True)
+    except UnsupportedOpError as error:
+        assert "a tf.while_loop inside a branch of a tf.cond/tf.case cannot be compiled" in str(error), error
+        assert error.where.startswith(os.path.abspath(__file__)), error.where
+    else:
+        raise AssertionError("a while loop inside nested conds compiled")
+    ok("a while loop in a nested branch is refused")
     cerebras_tf.release_system()
     workers = estimator("workers", nested_cond_model_fn, params={}, num_input_workers=2)
     workers.train(regression_input_fn, max_steps=6)  # two embedded tf.data service workers (loopback)

@@ -8,13 +8,15 @@ import subprocess
 import sys
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "graph_mode_run.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHECKS = ["validate and compile", "training on the system matches the Estimator", "summaries",
-          "evaluate with host_call", "nested conds", "two input workers", "predict",
+          "evaluate with host_call", "nested conds",
+          "a while loop in a nested branch is refused", "two input workers", "predict",
           "a features entry replaced by model_fn"]
 
 
 def test_a_graph_mode_script_validates_compiles_trains_evaluates_and_predicts_on_the_system(tmp_path):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"}  # this tree's code, not an install
     result = subprocess.run([sys.executable, SCRIPT, str(tmp_path)], capture_output=True, text=True, env=env,
                             timeout=600)
     passed = [line[3:] for line in result.stdout.splitlines() if line.startswith("OK ")]
