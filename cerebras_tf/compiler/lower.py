@@ -248,15 +248,21 @@ def loss_scaling(graph: tf.Graph) -> dict[str, Any] | None:
     return json.loads(recorded.pop()) if recorded else None
 
 
+# tf.custom_gradient's attribute naming its gradient function, "CustomGradient-<a process-wide counter>".
+_CUSTOM_GRADIENT_ATTR = "_gradient_op_type"
+
+
 def _canonical_node(node_def: Any, graph: tf.Graph, digests: dict[str, str]) -> bytes:
     """A NodeDef's bytes with function names (If's branches, Case's list of them) replaced by digests of
-    their bodies: TF numbers a cond's functions anew each time a model is built."""
+    their bodies, and without the name of a tf.custom_gradient's gradient function: TF numbers both anew
+    each time a model is built (the gradient's ops are hashed where the graph holds them)."""
     has_function = any(value.HasField("func") or (value.HasField("list") and value.list.func)
                        for value in node_def.attr.values())
-    if not has_function:
+    if not has_function and _CUSTOM_GRADIENT_ATTR not in node_def.attr:
         return node_def.SerializeToString(deterministic=True)
     node = type(node_def)()
     node.CopyFrom(node_def)
+    node.attr.pop(_CUSTOM_GRADIENT_ATTR, None)
     for value in node.attr.values():
         if value.HasField("func"):
             value.func.name = _function_digest(value.func.name, graph, digests)

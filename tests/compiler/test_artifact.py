@@ -7,8 +7,9 @@ import os
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
-from cerebras_tf import ir
+from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, ir, tf_helper
 from cerebras_tf.compiler import artifact
 from cerebras_tf.errors import ArtifactSystemMismatchError
 from cerebras_tf.wse.fabric import WSE2
@@ -117,3 +118,25 @@ def test_another_fabric_on_the_same_system_name_is_refused(zoo_estimator, tmp_pa
     with pytest.raises(ArtifactSystemMismatchError) as info:
         zoo_estimator("mlp", compile_dir=compile_dir, cs_config={"fabric": "WSE-1"}).compile(mlp.input_fn)
     assert "fabric 'WSE-2'" in str(info.value) and "fabric 'WSE-1'" in str(info.value)
+
+
+def _custom_gradient_model_fn(features, labels, mode, params):
+    """tf_helper's summary_layer and boundary_cast are tf.custom_gradient ops: TF names each one's gradient
+    function by a process-wide counter, anew each time model_fn runs."""
+    hidden = tf_helper.summary_layer(tf.compat.v1.layers.dense(features, 8, name="hidden"))
+    logits = tf.compat.v1.layers.dense(tf_helper.boundary_cast(hidden), 5, name="logits")
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+    step = tf.compat.v1.train.get_global_step()
+    return CSEstimatorSpec(mode, loss=loss,
+                           train_op=tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=step))
+
+
+def test_a_model_with_custom_gradients_reuses_its_artifact(tmp_path):
+    def compiled():
+        est = CerebrasEstimator(_custom_gradient_model_fn, model_dir=str(tmp_path / "model"),
+                                compile_dir=str(tmp_path / "compile"), config=CSRunConfig(cs_ip="localhost:9000"),
+                                params={})
+        return est.compile(mlp.input_fn)
+
+    first, second = compiled(), compiled()
+    assert second.reused and second.graph_hash == first.graph_hash
