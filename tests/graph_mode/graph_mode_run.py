@@ -144,9 +144,11 @@ def a_replaced_features_entry():
 
 def nested_conds_and_workers():
     system = estimator("nested", nested_cond_model_fn, params={})
-    system.train(regression_input_fn, max_steps=6)
     cpu = estimator("nested_cpu", nested_cond_model_fn, params={}, cs_ip=None)
-    cpu.train(regression_input_fn, max_steps=6)
+    for max_steps in (3, 6):  # the second call resumes from the checkpoint (and restarts input_fn), on both
+        system.train(regression_input_fn, max_steps=max_steps)
+        cpu.train(regression_input_fn, max_steps=max_steps)
+    assert system.get_variable_value("global_step") == 6
     for name in ("dense/kernel", "dense/bias"):  # float32 numerics
         np.testing.assert_allclose(system.get_variable_value(name), cpu.get_variable_value(name), rtol=1e-5)
     ok("nested conds")
