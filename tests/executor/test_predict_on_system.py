@@ -60,7 +60,8 @@ def trained_dir(tmp_path_factory):
 
 def test_predictions_on_the_system_match_the_estimator_on_cpu(trained_dir):
     estimator = _estimator(trained_dir)
-    previous = amp.set_half_dtype("float32")
+    previous = amp.get_half_dtype()
+    amp.set_half_dtype("float32")
     try:
         on_system = list(estimator.predict(_predict_input_fn, use_cs=True))
     finally:
@@ -106,7 +107,8 @@ def test_evaluation_on_the_system_reads_in_the_chief_and_stops_when_the_data_end
     # TF_CONFIG workers nobody runs: evaluation reads input_fn's data in the chief's process whatever it lists.
     monkeypatch.setenv("TF_CONFIG", '{"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}, '
                                     '"task": {"type": "chief", "index": 0}}')
-    previous = amp.set_half_dtype("float32")
+    previous = amp.get_half_dtype()
+    amp.set_half_dtype("float32")
     try:
         on_system = estimator.evaluate(finite_eval_input_fn, steps=100, use_cs=True)
     finally:
