@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from cerebras_tf.amp import GradScaler
 from cerebras_tf import ir
-from cerebras_tf.compiler import initial
+from cerebras_tf.compiler import functions, initial
 from cerebras_tf.compiler.lower import eval_metric_subgraph
 from cerebras_tf.divergence import DivergenceGuard
 from cerebras_tf.errors import InputWorkerError, RunArgumentError
@@ -393,8 +393,8 @@ def _producers(ops: list[Any], stop: set[Any]) -> set[Any]:
 
 
 def _subgraph_def(graph: tf.Graph, ops: set[Any], inputs: list[tf.Tensor]) -> tuple[Any, list[str]]:
-    """A GraphDef of `ops` alone: each of `inputs` becomes a placeholder (names returned in order), control
-    inputs from outside are dropped."""
+    """A GraphDef of `ops` alone (with the functions they call): each of `inputs` becomes a placeholder (names
+    returned in order), control inputs from outside are dropped."""
     names = {op.name for op in ops}
     placeholder_of = {tensor.name: f"eval_metric_input_{i}" for i, tensor in enumerate(inputs)}
     graph_def = tf.compat.v1.GraphDef()
@@ -419,6 +419,8 @@ def _subgraph_def(graph: tf.Graph, ops: set[Any], inputs: list[tf.Tensor]) -> tu
                 copy.input.append(source)
             else:
                 copy.input.append(placeholder_of[tensor_name])
+    # the branch functions of a metric's tf.cond, from the captured graph's library
+    graph_def.library.CopyFrom(functions.library(graph_def.node, lambda name: functions.function_def(graph, name)))
     return graph_def, [f"eval_metric_input_{i}" for i in range(len(inputs))]
 
 

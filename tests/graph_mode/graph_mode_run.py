@@ -5,7 +5,8 @@ on the first that fails. Graph mode is process-wide, hence a script of its own. 
 trains on the simulated system in float32 numerics and compares every variable and summary with the same
 model trained by the plain Estimator in this process; evaluates and predicts on the system against CPU;
 trains a model whose tf.case holds a two-level nested tf.cond (and a constant tf.switch_case), refuses one
-with a while loop there; and trains with two embedded input workers.
+with a while loop there; trains with two embedded input workers; and evaluates an appliance config's model
+on the system, its eval_metric_ops (with tf.conds) run on the host, as R1.8's CSX evaluation does.
 """
 import glob
 import json
@@ -24,6 +25,7 @@ import zoo_bert_like as zoo  # noqa: E402
 
 import cerebras_tf  # noqa: E402
 from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, EstimatorSpec, amp  # noqa: E402
+from cerebras_tf.cs_config import ApplianceCSConfig  # noqa: E402
 from cerebras_tf.errors import UnsupportedOpError  # noqa: E402
 
 WORKDIR = sys.argv[1]
@@ -119,7 +121,18 @@ def nested_cond_model_fn(features, labels, mode, params):
     step = tf.compat.v1.train.get_or_create_global_step()
     rate = nested_rate(step, loop=params.get("loop", False))
     train_op = tf.compat.v1.train.GradientDescentOptimizer(rate).minimize(loss, global_step=step)
-    return EstimatorSpec(mode, loss=loss, train_op=train_op)
+    metrics = {"first_batch_mean": first_batch_mean(prediction)} if params.get("metric") else None
+    return EstimatorSpec(mode, loss=loss, train_op=train_op, eval_metric_ops=metrics)
+
+
+def first_batch_mean(values):
+    """A metric whose update and value are tf.conds over its own counters (as a hand-written zoo metric may be)."""
+    collections = [tf.compat.v1.GraphKeys.LOCAL_VARIABLES, tf.compat.v1.GraphKeys.METRIC_VARIABLES]
+    total = tf.compat.v1.Variable(0.0, trainable=False, collections=collections, name="first_batch_mean/total")
+    count = tf.compat.v1.Variable(0.0, trainable=False, collections=collections, name="first_batch_mean/count")
+    update = tf.cond(count < 1.0, lambda: tf.group(total.assign_add(tf.reduce_sum(values)),
+                                                   count.assign_add(tf.cast(tf.size(values), tf.float32))), tf.no_op)
+    return tf.cond(count > 0.0, lambda: total / count, lambda: tf.constant(0.0)), update
 
 
 def replacing_model_fn(features, labels, mode, params):
@@ -176,6 +189,22 @@ def nested_conds_and_workers():
     cerebras_tf.release_system()
 
 
+def an_appliance_evaluation():
+    """R1.8's CSX evaluation: an appliance config, the model's eval_metric_ops (with conds) run on the host."""
+    config = CSRunConfig(cs_config=ApplianceCSConfig(), tf_random_seed=1, save_checkpoints_steps=1000)
+    system = CerebrasEstimator(nested_cond_model_fn, model_dir=os.path.join(WORKDIR, "appliance"), config=config,
+                               params={"metric": True})
+    system.train(regression_input_fn, max_steps=2, use_cs=False)
+    once = lambda params: regression_input_fn({"repeat": False})  # noqa: E731
+    on_system, on_cpu = system.evaluate(once, steps=3, use_cs=True), system.evaluate(once, steps=3)
+    assert set(on_system) == set(on_cpu) == {"first_batch_mean", "loss", "global_step"}, on_system
+    for key in on_cpu:
+        np.testing.assert_allclose(on_system[key], on_cpu[key], rtol=1e-5, err_msg=key)
+    ok("an appliance evaluation with eval_metric_ops")
+    cerebras_tf.release_system()
+
+
 zoo_model()
 nested_conds_and_workers()
 a_replaced_features_entry()
+an_appliance_evaluation()

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig
+from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, EstimatorSpec
 from cerebras_tf.compiler import initial
+from cerebras_tf.cs_config import ApplianceCSConfig
 from cerebras_tf.errors import UnsupportedOpError
 from cerebras_tf.precheck import precheck
 from cerebras_tf.wse.executor import Executor
@@ -147,3 +148,37 @@ def test_a_switch_case_on_a_computed_index_is_refused_naming_the_fix(tmp_path):
         est.compile(mlp.input_fn, validate_only=True)
     assert "Write it as tf.case over predicates" in refused.value.fix
     assert refused.value.where.startswith(os.path.abspath(__file__))
+
+
+def _capped_mean(values: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """A metric whose update and value are tf.conds on its own counters: the mean of the first batch only."""
+    collections = [tf.compat.v1.GraphKeys.LOCAL_VARIABLES, tf.compat.v1.GraphKeys.METRIC_VARIABLES]
+    total = tf.compat.v1.Variable(0.0, trainable=False, collections=collections, name="capped_mean/total")
+    count = tf.compat.v1.Variable(0.0, trainable=False, collections=collections, name="capped_mean/count")
+    size = tf.cast(tf.size(values), tf.float32)
+    update = tf.cond(count < 1.0, lambda: tf.group(total.assign_add(tf.reduce_sum(values)), count.assign_add(size)),
+                     tf.no_op)
+    value = tf.cond(count > 0.0, lambda: total / count, lambda: tf.constant(0.0))
+    return value, update
+
+
+def _metric_model_fn(features, labels, mode, params):
+    logits = tf.compat.v1.layers.dense(features, 5, name="logits",
+                                       kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=1))
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+    step = tf.compat.v1.train.get_global_step()
+    train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=step)
+    return EstimatorSpec(mode, loss=loss, train_op=train_op, eval_metric_ops={"capped_mean": _capped_mean(logits)})
+
+
+def test_an_appliance_evaluation_runs_metric_ops_with_conds_with_their_branch_functions(tmp_path, float32_numerics):
+    """An appliance's evaluation copies the metric ops into a graph of their own on the host: a metric's tf.cond
+    needs its branch functions there too."""
+    est = CerebrasEstimator(_metric_model_fn, model_dir=str(tmp_path), params={},
+                            config=CSRunConfig(cs_config=ApplianceCSConfig()))
+    est.train(mlp.input_fn, max_steps=2, use_cs=False)
+    on_system = est.evaluate(mlp.input_fn, steps=3, use_cs=True)
+    on_cpu = est.evaluate(mlp.input_fn, steps=3)
+    assert set(on_system) == set(on_cpu) == {"capped_mean", "loss", "global_step"}
+    for key in on_cpu:
+        np.testing.assert_allclose(on_system[key], on_cpu[key], rtol=1e-5, err_msg=key)

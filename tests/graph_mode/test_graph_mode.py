@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CHECKS = ["validate and compile", "training on the system matches the Estimator", "summaries",
           "evaluate with host_call", "nested conds",
           "a while loop in a nested branch is refused", "two input workers", "predict",
-          "a features entry replaced by model_fn"]
+          "a features entry replaced by model_fn", "an appliance evaluation with eval_metric_ops"]
 
 
 def test_a_graph_mode_script_validates_compiles_trains_evaluates_and_predicts_on_the_system(tmp_path):
