@@ -16,6 +16,8 @@ cerebras_tf.csoft FLAVOUR run.py ARGS...`` runs a script with it. Nothing
 is served by default, and a Cerebras package that is really installed is
 never shadowed: the hook comes after Python's own finders, and a flavour
 whose top-level package is installed is not served at all (with a warning).
+The ``appliance`` flavour also lets protobuf's ``json_format`` take the
+keyword R1.8's code passes and protobuf 5 removed (:mod:`protobuf_compat`).
 """
 from __future__ import annotations
 
@@ -149,6 +151,10 @@ def install(flavour: str) -> None:
                       stacklevel=2)
         served = {name: target for name, target in served.items() if name.split(".")[0] not in real}
     sys.meta_path.append(_StandInFinder(flavour, served))
+    if flavour == "appliance":
+        from cerebras_tf.csoft import protobuf_compat
+
+        protobuf_compat.install()  # R1.8's appliance code passes protobuf 3/4's JSON keyword
 
 
 def uninstall() -> None:
@@ -157,6 +163,10 @@ def uninstall() -> None:
     if finder is None:
         return
     sys.meta_path.remove(finder)
+    if finder.flavour == "appliance":
+        from cerebras_tf.csoft import protobuf_compat
+
+        protobuf_compat.uninstall()
     for name in finder.served:
         sys.modules.pop(name, None)
 

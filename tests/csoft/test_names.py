@@ -122,3 +122,35 @@ def test_the_runner_refuses_an_unknown_flavour_and_a_missing_script(tmp_path):
     ran = run("appliance", str(script), "CSX", "pipeline")
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip() == f"[{str(script)!r}, 'CSX', 'pipeline'] True __main__"
+
+
+def test_the_appliance_flavour_lets_json_format_take_r18s_keyword():
+    """R1.8's update_debug_args_from_stack_params passes including_default_value_fields=False, which protobuf 5
+    removed; served as the appliance, the zoo's call works on either protobuf, and the originals come back."""
+    from google.protobuf import json_format
+
+    from cerebras_tf.cs_messages import PROTO_FILES
+    from cerebras_tf.csoft import protobuf_compat
+
+    original = json_format.MessageToJson
+    message = PROTO_FILES["full"]["FullConfig"]()
+    expected = json_format.MessageToJson(message, preserving_proto_field_name=True, indent=0, sort_keys=True)
+    names.install("appliance")
+    try:
+        as_r18_calls_it = json_format.MessageToJson(message, including_default_value_fields=False,
+                                                    preserving_proto_field_name=True, indent=0, sort_keys=True)
+        assert as_r18_calls_it == expected
+        assert json_format.MessageToDict(message, including_default_value_fields=False) == {}
+        if protobuf_compat.needed():
+            assert json_format.MessageToJson is not original
+            with pytest.raises(TypeError, match="got both including_default_value_fields=True"):
+                json_format.MessageToJson(message, including_default_value_fields=True,
+                                          always_print_fields_with_no_presence=False)
+        else:
+            assert json_format.MessageToJson is original  # protobuf 4 has the keyword: nothing is changed
+    finally:
+        names.uninstall()
+    assert json_format.MessageToJson is original
+    if protobuf_compat.needed():
+        with pytest.raises(TypeError):
+            json_format.MessageToJson(message, including_default_value_fields=False)
