@@ -41,7 +41,7 @@ def _accepting_old_name(function: Callable[..., Any]) -> Callable[..., Any]:
 
 def needed() -> bool:
     """Whether this protobuf lacks the old keyword (protobuf >= 5)."""
-    function = getattr(json_format, "MessageToJson")
+    function = json_format.MessageToJson
     function = getattr(function, _ORIGINAL, function)
     return OLD_NAME not in inspect.signature(function).parameters
 
