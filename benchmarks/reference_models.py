@@ -10,6 +10,8 @@ their layer costs from the compiler).  Conventions, per training sample:
 * Adam update: 10 FLOPs per parameter per step, amortised over the batch.
 * Weights float32 (4 B/param); optimizer state = two Adam slots + a gradient
   accumulator (12 B/param); activations stashed for backward in float16 (2 B).
+* A sample streams through a layer as rows: its tokens, the rows of its feature map,
+  one row for a flat vector (``LayerCost.stream_rows``).
 """
 from __future__ import annotations
 
@@ -27,8 +29,9 @@ GELU_FLOPS = 8
 
 
 def dense(name: str, tokens: int, k: int, n: int, *, batch: int, bias: bool = True, extra_fwd: float = 0.0,
-          extra_stash_elems: float = 0.0, out_elems: float | None = None) -> LayerCost:
-    """A matmul layer [tokens, k] x [k, n] (+ bias and `extra_fwd` elementwise FLOPs)."""
+          extra_stash_elems: float = 0.0, out_elems: float | None = None, rows: int | None = None) -> LayerCost:
+    """A matmul layer [tokens, k] x [k, n] (+ bias and `extra_fwd` elementwise FLOPs); a sample streams as
+    `rows` rows (default: its tokens)."""
     params = k * n + (n if bias else 0)
     fwd = 2.0 * tokens * k * n + (tokens * n if bias else 0) + extra_fwd
     return LayerCost(
@@ -40,6 +43,7 @@ def dense(name: str, tokens: int, k: int, n: int, *, batch: int, bias: bool = Tr
         optimizer_state_bytes=ADAM_STATE_BYTES_PER_PARAM * params,
         activation_bytes=HALF * (tokens * k + extra_stash_elems),
         output_bytes=HALF * (tokens * n if out_elems is None else out_elems),
+        stream_rows=tokens if rows is None else rows,
     )
 
 
@@ -58,7 +62,7 @@ def _conv(name: str, hw: int, cin: int, cout: int, kernel: int, stride: int, bat
     layer = dense(name, out_hw * out_hw, cin * kernel * kernel, cout, batch=batch, bias=False,
                   extra_fwd=4.0 * out_hw * out_hw * cout,  # batch norm + ReLU
                   extra_stash_elems=hw * hw * cin - out_hw * out_hw * cin * kernel * kernel,
-                  out_elems=out_hw * out_hw * cout)
+                  out_elems=out_hw * out_hw * cout, rows=out_hw)
     return layer, out_hw
 
 
@@ -83,7 +87,7 @@ def cnn(image: int = 224, batch: int = 256) -> list[LayerCost]:
             layers += [a, b, c]
             hw, cin = out_hw, 4 * width
     layers.append(dense("pool_fc_loss", 1, cin, 1000, batch=batch, extra_fwd=hw * hw * cin + 7 * 1000,
-                        extra_stash_elems=0))
+                        extra_stash_elems=0))  # one pooled vector per sample
     return layers
 
 
@@ -94,7 +98,8 @@ def _encoder_block(prefix: str, seq: int, hidden: int, heads: int, ffn: int, bat
     return [
         dense(f"{prefix}_qkv", t, hidden, 3 * hidden, batch=batch),
         LayerCost(name=f"{prefix}_attention", flops_fwd=attn_fwd, flops_bwd=2.0 * attn_fwd,
-                  activation_bytes=HALF * (3 * t * hidden + heads * t * t), output_bytes=HALF * t * hidden),
+                  activation_bytes=HALF * (3 * t * hidden + heads * t * t), output_bytes=HALF * t * hidden,
+                  stream_rows=t),
         dense(f"{prefix}_attn_out_ln", t, hidden, hidden, batch=batch, extra_fwd=(1 + LAYER_NORM_FLOPS) * t * hidden,
               extra_stash_elems=t * hidden),
         dense(f"{prefix}_ffn_up_gelu", t, hidden, ffn, batch=batch, extra_fwd=GELU_FLOPS * t * ffn,
@@ -112,7 +117,8 @@ def _embedding(name: str, seq: int, hidden: int, vocab: int, positions: int, typ
                      flops_update=ADAM_FLOPS_PER_PARAM * params / batch,
                      weight_bytes=WEIGHT_BYTES_PER_PARAM * params,
                      optimizer_state_bytes=ADAM_STATE_BYTES_PER_PARAM * params,
-                     activation_bytes=HALF * seq * hidden + 4 * seq, output_bytes=HALF * seq * hidden)
+                     activation_bytes=HALF * seq * hidden + 4 * seq, output_bytes=HALF * seq * hidden,
+                     stream_rows=seq)
 
 
 def transformer(layers: int = 12, seq: int = 512, hidden: int = 768, heads: int = 12, vocab: int = 50257,
@@ -125,7 +131,7 @@ def transformer(layers: int = 12, seq: int = 512, hidden: int = 768, heads: int 
                  extra_fwd=(SOFTMAX_FLOPS + 2) * seq * vocab, out_elems=0)
     # The LM head's weights are the (tied) embeddings: no separate weights or optimizer state.
     out.append(LayerCost(name=head.name, flops_fwd=head.flops_fwd, flops_bwd=head.flops_bwd,
-                         activation_bytes=head.activation_bytes, output_bytes=0.0))
+                         activation_bytes=head.activation_bytes, output_bytes=0.0, stream_rows=seq))
     return out
 
 
@@ -144,7 +150,7 @@ def bert_base(seq: int = 128, masked: int = 20, batch: int = 256) -> list[LayerC
                          flops_update=ADAM_FLOPS_PER_PARAM * (vocab + hidden * hidden) / batch,
                          weight_bytes=WEIGHT_BYTES_PER_PARAM * (vocab + hidden * hidden),
                          optimizer_state_bytes=ADAM_STATE_BYTES_PER_PARAM * (vocab + hidden * hidden),
-                         activation_bytes=decoder.activation_bytes, output_bytes=0.0))
+                         activation_bytes=decoder.activation_bytes, output_bytes=0.0, stream_rows=masked))
     return out
 
 

@@ -27,8 +27,18 @@ def _sent_bytes(tensor: Tensor, receivers: list[Kernel]) -> int:
     return tensor_bytes(tensor)
 
 
+def stream_rows(tensor: Tensor, batch: int) -> int:
+    """Vectors (rows along the last dimension) one sample of `tensor` streams as: the tokens of
+    [batch, tokens, hidden] or [batch * tokens, hidden], the pixels of [batch, height, width, channels];
+    1 for a flat [batch, n] or a tensor that is not per sample."""
+    if len(tensor.shape) < 2 or not tensor.shape[-1] or tensor.size % (batch * tensor.shape[-1]):
+        return 1
+    return max(1, tensor.size // (batch * tensor.shape[-1]))
+
+
 def layer_costs(program: Program) -> list[dict[str, Any]]:
-    """name, flops_fwd/bwd/update, weight/optimizer-state bytes, activation/output bytes (per sample)."""
+    """name, flops_fwd/bwd/update, weight/optimizer-state bytes, activation/output bytes (per sample),
+    and the rows its main output (the largest it sends on, else the largest it makes) streams as."""
     features = [tid for key, tid in program.inputs.items() if key.split("/", 1)[0] == "features"]
     shape = program.tensors[features[0]].shape if features else []
     batch = max(int(shape[0]), 1) if shape else 1
@@ -44,6 +54,8 @@ def layer_costs(program: Program) -> list[dict[str, Any]]:
         kernels = [program.kernels[k] for k in layer.kernels]
         flops = {"forward": 0, "backward": 0, "update": 0}
         kept = sent = 0
+        largest_sent: Tensor | None = None
+        largest_made: Tensor | None = None
         for kernel in kernels:
             bucket = "update" if kernel.role in UPDATE_ROLES else (
                 "backward" if kernel.role in ("backward", "gradient_seed") else "forward")
@@ -51,16 +63,22 @@ def layer_costs(program: Program) -> list[dict[str, Any]]:
             if kernel.role != "forward":
                 continue
             for tid in kernel.outputs:
+                tensor = program.tensors[tid]
                 users = consumers.get(tid, [])
                 if any(user.role == "backward" for user in users):
-                    kept += tensor_bytes(program.tensors[tid])
+                    kept += tensor_bytes(tensor)
+                if largest_made is None or tensor.size > largest_made.size:
+                    largest_made = tensor
                 receivers = [user for user in users if user.role == "forward" and layer_of[user.id] != layer.name]
                 if receivers:
-                    sent += _sent_bytes(program.tensors[tid], receivers)
+                    sent += _sent_bytes(tensor, receivers)
+                    if largest_sent is None or tensor.size > largest_sent.size:
+                        largest_sent = tensor
         owned = [variables[name] for name in layer.variables if name in variables and name not in counted]
         slots = [v for v in program.variables if v.role == "optimizer_state" and v.name not in counted
                  and (v.slot_of in layer.variables or (v.slot_of is None and v.name in layer.variables))]
         counted.update(v.name for v in owned + slots)  # a variable several layers read is held once
+        main = largest_sent if largest_sent is not None else largest_made
         costs.append({
             "name": layer.name,
             "flops_fwd": flops["forward"] / batch,
@@ -71,5 +89,6 @@ def layer_costs(program: Program) -> list[dict[str, Any]]:
             "optimizer_state_bytes": float(sum(v.size * np.dtype(v.dtype).itemsize for v in slots)),
             "activation_bytes": kept / batch,
             "output_bytes": sent / batch,
+            "stream_rows": stream_rows(main, batch) if main is not None else 1,
         })
     return costs

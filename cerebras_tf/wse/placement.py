@@ -10,11 +10,19 @@ Model
 * Rate of a layer on ``p`` PEs: ``p * pe_flops_per_sec / flops_per_sample`` samples/s.
   Pipeline throughput is the slowest region's rate.
 * Memory of a layer: weights + optimizer state + per-sample activations times the
-  samples in flight at that layer.  In training, layer ``i`` of ``L`` (0-based) holds
-  the activations of every sample between its forward and its backward pass:
-  ``2 * (L - i) - 1`` samples (the last layer holds 1).  In inference it holds 1.
-  A region of ``p`` PEs holds ``p * sram_bytes_per_pe`` bytes, so a layer needs at
-  least ``ceil(bytes / sram_bytes_per_pe)`` PEs.
+  samples in flight at that layer.  In training, a layer holds the activations of
+  every sample between its forward and its backward pass.  Samples stream through
+  the regions one at a time, and within a sample row by row (a token's vector, an
+  image row: ``LayerCost.stream_rows`` per sample): a region passes a row on as soon
+  as it has computed it, so a sample crosses layer ``j`` in ``1 / rows_j`` of a
+  pipeline step.  Layer ``i`` of ``L`` (0-based) therefore holds
+  ``1 + ceil(2 * sum_{j > i} 1 / rows_j)`` samples: its own, and those that come in
+  while one travels to the loss and its gradient travels back.  With one row per
+  sample (an MLP) that is ``2 * (L - i) - 1``, the fine-grained pipelined
+  backpropagation count (Kosson et al., 2020); the last layer holds 1.  In
+  inference every layer holds 1.  A region of ``p`` PEs holds
+  ``p * sram_bytes_per_pe`` bytes, so a layer needs at least
+  ``ceil(bytes / sram_bytes_per_pe)`` PEs.
 * Bounds: *compute* = total PE FLOP rate / total FLOPs per sample (every PE busy);
   *memory* = the best rate when each layer also needs its memory minimum of PEs
   (the ``T`` solving ``sum_i max(m_i, F_i T / r) = N``; equals compute when memory does
@@ -85,6 +93,8 @@ class LayerCost:
         the sample is in flight.
       output_bytes: bytes per sample sent to the next layer (and, in training, the
         same again as gradients coming back); defaults to activation_bytes.
+      stream_rows: rows (vectors) a sample's output streams as: the tokens of a
+        sequence, the rows of an image; 1 for a flat vector.
     """
 
     name: str
@@ -95,6 +105,7 @@ class LayerCost:
     optimizer_state_bytes: float = 0.0
     activation_bytes: float = 0.0
     output_bytes: float | None = None
+    stream_rows: int = 1
 
     def __post_init__(self) -> None:
         for name in ("flops_fwd", "flops_bwd", "flops_update", "weight_bytes",
@@ -104,6 +115,8 @@ class LayerCost:
                 raise ValueError(f"LayerCost {self.name!r}: {name} must be finite and >= 0, got {value!r}")
         if self.output_bytes is not None and not float(self.output_bytes) >= 0:
             raise ValueError(f"LayerCost {self.name!r}: output_bytes must be >= 0, got {self.output_bytes!r}")
+        if not (isinstance(self.stream_rows, int) and self.stream_rows >= 1):
+            raise ValueError(f"LayerCost {self.name!r}: stream_rows must be an integer >= 1, got {self.stream_rows!r}")
 
     def flops_per_sample(self, training: bool = True) -> float:
         """FLOPs per sample: forward + backward + update in training, forward only otherwise."""
@@ -309,11 +322,16 @@ def _limit_notes(limiting: str, layers: list[LayerCost], regions: list[Region], 
     return []
 
 
-def in_flight_samples(num_layers: int, training: bool = True) -> np.ndarray:
-    """Samples whose activations each layer holds: 2 * (L - i) - 1 in training, 1 otherwise."""
+def in_flight_samples(num_layers: int, training: bool = True, stream_rows: Sequence[int] | None = None
+                      ) -> np.ndarray:
+    """Samples whose activations each layer holds: in training ``1 + ceil(2 * sum_{j > i} 1 / rows_j)``
+    (``2 * (L - i) - 1`` when every sample is one row), 1 otherwise."""
     if not training:
         return np.ones(num_layers, dtype=np.int64)
-    return 2 * (num_layers - np.arange(num_layers, dtype=np.int64)) - 1
+    rows = np.ones(num_layers) if stream_rows is None else np.asarray(stream_rows, dtype=np.float64)
+    crossing = 1.0 / rows  # pipeline steps a sample takes to cross each layer
+    downstream = np.concatenate([np.cumsum(crossing[::-1])[::-1][1:], [0.0]])
+    return 1 + np.ceil(2 * downstream * (1 - 1e-12)).astype(np.int64)
 
 
 def place(layers: Sequence[LayerCost] | Iterable[LayerCost], fabric: Fabric, *, precision: str = "half",
@@ -341,7 +359,7 @@ def place(layers: Sequence[LayerCost] | Iterable[LayerCost], fabric: Fabric, *, 
     flops = np.array([layer.flops_per_sample(training) for layer in layers], dtype=np.float64)
     if not flops.sum() > 0:
         raise ValueError("the layers have no FLOPs per sample; nothing to pipeline")
-    in_flight = in_flight_samples(n, training)
+    in_flight = in_flight_samples(n, training, [layer.stream_rows for layer in layers])
     mem_bytes = np.array([layer.memory_bytes(int(k), training) for layer, k in zip(layers, in_flight)])
     mem_min = np.maximum(1, np.ceil(mem_bytes / sram)).astype(np.int64)
 

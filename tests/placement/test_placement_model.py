@@ -79,6 +79,21 @@ def test_in_flight_activations_follow_pipeline_depth():
     assert [r.in_flight_samples for r in report.regions] == [7, 5, 3, 1]
 
 
+def test_samples_streamed_as_rows_hold_fewer_in_flight():
+    """A sample crosses a layer in 1/rows of a step, so fewer samples come in while one travels to the loss
+    and back: 1 + ceil(2 * sum of the downstream crossings)."""
+    assert list(in_flight_samples(4, stream_rows=[2, 2, 2, 2])) == [4, 3, 2, 1]
+    assert list(in_flight_samples(3, stream_rows=[1, 4, 1])) == [4, 3, 1]  # 1 + ceil(2 * (1/4 + 1)), 1 + 2, 1
+    assert list(in_flight_samples(200, stream_rows=[128] * 200))[:2] == [5, 5]
+    assert list(in_flight_samples(3, training=False, stream_rows=[1, 4, 1])) == [1, 1, 1]
+    fabric = small_fabric(64, 64, sram_bytes_per_pe=1000)
+    layers = [LayerCost(f"l{i}", flops_fwd=1.0, activation_bytes=10_000, stream_rows=2) for i in range(4)]
+    report = place(layers, fabric)
+    assert [r.bytes for r in report.regions] == [40_000, 30_000, 20_000, 10_000]
+    with pytest.raises(ValueError, match="stream_rows must be an integer >= 1"):
+        LayerCost("bad", flops_fwd=1.0, stream_rows=0)
+
+
 def test_inference_counts_forward_only():
     layers = [_layer("a", 3.0), _layer("b", 3.0)]
     train = place(layers, small_fabric(50, 50))
