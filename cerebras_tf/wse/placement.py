@@ -69,6 +69,7 @@ import numpy as np
 
 from cerebras_tf.errors import FabricCapacityError
 from cerebras_tf.wse.fabric import Fabric
+from cerebras_tf.wse.units import fmt_bytes, fmt_rate
 
 __all__ = ["LayerCost", "Region", "PlacementReport", "place", "in_flight_samples"]
 
@@ -251,12 +252,12 @@ class PlacementReport:
         fab = self.fabric
         lines = [
             f"Pipelined placement on {fab.name} ({fab.width} x {fab.height} = {fab.num_pes:,} PEs, "
-            f"{_fmt_bytes(fab.sram_bytes_per_pe)}/PE, {self.precision} precision, "
+            f"{fmt_bytes(fab.sram_bytes_per_pe)}/PE, {self.precision} precision, "
             f"{'training' if self.training else 'inference'})",
-            f"  estimated      {_fmt_rate(self.estimated_samples_per_sec)} samples/s  "
+            f"  estimated      {fmt_rate(self.estimated_samples_per_sec)} samples/s  "
             f"(limited by {self.limiting_bound}; slowest layer {self.slowest_layer!r})",
-            f"  bound          {_fmt_rate(self.bound_samples_per_sec)} samples/s  ("
-            + ", ".join(f"{name} {_fmt_rate(value)}" for name, value in self.bounds.items()) + ")",
+            f"  bound          {fmt_rate(self.bound_samples_per_sec)} samples/s  ("
+            + ", ".join(f"{name} {fmt_rate(value)}" for name, value in self.bounds.items()) + ")",
             f"  efficiency     {self.placement_efficiency:.3f}   PEs used {self.pes_used:,} / {fab.num_pes:,} "
             f"({self.pes_used / fab.num_pes:.1%})   adjacent pairs {self.adjacent_fraction:.0%}",
             f"  fill latency   {self.fill_latency_steps} steps = {self.fill_latency_seconds * 1e6:.3g} us   "
@@ -266,8 +267,8 @@ class PlacementReport:
         header = ("#", "layer", "x", "y", "w x h", "PEs", "MFLOP/sample", "memory", "SRAM use", "samples/s alone")
         rows = [
             (str(r.index), r.name, str(r.x), str(r.y), f"{r.width} x {r.height}", f"{r.pes:,}",
-             f"{r.flops_per_sample / 1e6:,.2f}", _fmt_bytes(r.bytes), f"{r.memory_utilisation:.0%}",
-             _fmt_rate(r.samples_per_sec_alone))
+             f"{r.flops_per_sample / 1e6:,.2f}", fmt_bytes(r.bytes), f"{r.memory_utilisation:.0%}",
+             fmt_rate(r.samples_per_sec_alone))
             for r in self.regions
         ]
         widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
@@ -311,14 +312,14 @@ def _limit_notes(limiting: str, layers: list[LayerCost], regions: list[Region], 
             return []
         rate, edge = min(rates)
         longest = max(fabric.width, fabric.height)
-        return [f"fabric links limit the pipeline: {layers[edge].name!r} sends {_fmt_bytes(sent[edge])} per sample "
+        return [f"fabric links limit the pipeline: {layers[edge].name!r} sends {fmt_bytes(sent[edge])} per sample "
                 f"to {layers[edge + 1].name!r} over the {max(_contact(regions[edge], regions[edge + 1]), 1)} links "
-                f"their regions share: {_fmt_rate(rate)} samples/s (a shared edge is at most {longest} links "
-                f"long: {_fmt_rate(bounds['fabric_links'])} samples/s for any placement)"]
+                f"their regions share: {fmt_rate(rate)} samples/s (a shared edge is at most {longest} links "
+                f"long: {fmt_rate(bounds['fabric_links'])} samples/s for any placement)"]
     if limiting == "host_io":
-        return [f"host I/O limits the pipeline: each sample brings {_fmt_bytes(input_bytes_per_sample)} of input "
-                f"from the host, and the system's host links carry {_fmt_bytes(fabric.host_io_bytes_per_sec)}/s: "
-                f"{_fmt_rate(bounds['host_io'])} samples/s, whatever the placement"]
+        return [f"host I/O limits the pipeline: each sample brings {fmt_bytes(input_bytes_per_sample)} of input "
+                f"from the host, and the system's host links carry {fmt_bytes(fabric.host_io_bytes_per_sec)}/s: "
+                f"{fmt_rate(bounds['host_io'])} samples/s, whatever the placement"]
     return []
 
 
@@ -691,12 +692,12 @@ def _capacity_error(layers: list[LayerCost], mem_bytes: np.ndarray, mem_min: np.
     state = sum(float(layer.optimizer_state_bytes) for layer in layers) if training else 0.0
     activations = needed - weights - state
     order = np.argsort(-mem_bytes)[:5]
-    largest = ", ".join(f"{layers[i].name} {_fmt_bytes(mem_bytes[i])}" for i in order)
+    largest = ", ".join(f"{layers[i].name} {fmt_bytes(mem_bytes[i])}" for i in order)
     return FabricCapacityError(
-        f"The model needs {_fmt_bytes(needed)} of on-chip memory ({int(mem_min.sum()):,} PEs: weights "
-        f"{_fmt_bytes(weights)}, optimizer state {_fmt_bytes(state)}, in-flight activations "
-        f"{_fmt_bytes(activations)}) but {fabric.name} has {_fmt_bytes(fabric.total_sram_bytes)} of SRAM "
-        f"({fabric.num_pes:,} PEs x {_fmt_bytes(fabric.sram_bytes_per_pe)}). Largest layers: {largest}.",
+        f"The model needs {fmt_bytes(needed)} of on-chip memory ({int(mem_min.sum()):,} PEs: weights "
+        f"{fmt_bytes(weights)}, optimizer state {fmt_bytes(state)}, in-flight activations "
+        f"{fmt_bytes(activations)}) but {fabric.name} has {fmt_bytes(fabric.total_sram_bytes)} of SRAM "
+        f"({fabric.num_pes:,} PEs x {fmt_bytes(fabric.sram_bytes_per_pe)}). Largest layers: {largest}.",
         fix="Pipelined execution keeps every layer on the wafer at once and is for models under about "
             "1 billion parameters: shrink the model, the sequence length or image size (in-flight "
             "activations), or choose a larger fabric. Weight streaming execution, for larger models, "
@@ -708,20 +709,3 @@ def _capacity_error(layers: list[LayerCost], mem_bytes: np.ndarray, mem_min: np.
 
 def _finite_or_none(value: float) -> float | None:
     return float(value) if math.isfinite(value) else None
-
-
-def _fmt_bytes(value: float) -> str:
-    value = float(value)
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if value >= scale:
-            return f"{value / scale:.3g} {unit}"
-    return f"{value:.0f} B"
-
-
-def _fmt_rate(value: float) -> str:
-    if not math.isfinite(value):
-        return "unbounded"
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if value >= scale:
-            return f"{value / scale:.4g}{unit}"
-    return f"{value:.4g}"

@@ -94,9 +94,9 @@ def _mark_entries(report: "PlacementReport", show_path: bool) -> list[tuple[str,
 
 def _bound_lines(report: "PlacementReport") -> list[str]:
     """The four bounds on samples/s, the limiting one marked (the estimate meets it)."""
-    from cerebras_tf.wse.placement import _fmt_rate
+    from cerebras_tf.wse.units import fmt_rate
 
-    return [f"{_BOUND_NAMES.get(name, name)} {_fmt_rate(value)}"
+    return [f"{_BOUND_NAMES.get(name, name)} {fmt_rate(value)}"
             + ("  <- limits the estimate" if name == report.limiting_bound else "")
             for name, value in report.bounds.items()]
 
