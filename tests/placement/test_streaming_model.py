@@ -1,0 +1,95 @@
+"""The weight streaming execution model (cerebras_tf.wse.streaming): per-layer timing, memory checks, systems."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.reference_models import transformer
+from cerebras_tf.errors import FabricCapacityError
+from cerebras_tf.wse.fabric import WSE2, small_fabric
+from cerebras_tf.wse.placement import LayerCost
+from cerebras_tf.wse.streaming import MemoryX, stream
+
+RATE = WSE2.peak_flops_per_sec("half")
+BANDWIDTH = 150e9
+
+
+def _layer(name: str, params: int, flops_per_sample: float, stash: float = 1000.0) -> LayerCost:
+    return LayerCost(name, flops_fwd=flops_per_sample, flops_bwd=2 * flops_per_sample, weight_bytes=4 * params,
+                     optimizer_state_bytes=8 * params, activation_bytes=stash)
+
+
+def test_each_pass_takes_the_slower_of_its_compute_and_its_streaming():
+    big_matmul = _layer("compute_bound", params=1_000_000, flops_per_sample=1e12)
+    embedding = _layer("stream_bound", params=100_000_000, flops_per_sample=1e6)
+    report = stream([big_matmul, embedding], WSE2, batch_size=64)
+    compute, streamed = report.layers
+    assert compute.compute_fwd_seconds == pytest.approx(64 * 1e12 / RATE)
+    assert compute.stream_fwd_seconds == pytest.approx(2 * 1_000_000 / BANDWIDTH)  # half-width weights in
+    assert compute.stream_bwd_seconds == pytest.approx((2 + 4) * 1_000_000 / BANDWIDTH)  # again, + fp32 gradients
+    assert compute.bound == "compute" and streamed.bound == "weight_streaming"
+    assert streamed.seconds == pytest.approx(streamed.stream_fwd_seconds + streamed.stream_bwd_seconds)
+    assert report.step_seconds == pytest.approx(compute.seconds + streamed.seconds)
+    assert report.estimated_samples_per_sec == pytest.approx(64 / report.step_seconds)
+    assert "'stream_bound'" in report.notes[0] and "larger batch per system" in report.notes[0]
+    assert report.memoryx_bytes == 12 * 101_000_000
+
+
+def test_more_systems_split_the_batch_and_not_the_weight_traffic():
+    layers = transformer(layers=4, seq=256, hidden=1024, heads=16, vocab=8192, batch=64)
+    one = stream(layers, WSE2, batch_size=64)
+    four = stream(layers, WSE2, batch_size=64, num_systems=4)
+    assert four.batch_per_system == 16
+    for a, b in zip(one.layers, four.layers):
+        assert b.compute_fwd_seconds == pytest.approx(a.compute_fwd_seconds / 4)
+        assert b.stream_fwd_seconds == a.stream_fwd_seconds and b.stream_bwd_seconds == a.stream_bwd_seconds
+    assert one.estimated_samples_per_sec < four.estimated_samples_per_sec < 4 * one.estimated_samples_per_sec + 1e-6
+    with pytest.raises(ValueError, match="split evenly over 3 systems"):
+        stream(layers, WSE2, batch_size=64, num_systems=3)
+
+
+def test_a_batch_whose_activations_do_not_fit_names_the_most_that_does():
+    fabric = small_fabric(10, 10, sram_bytes_per_pe=1000)  # 100 KB of SRAM
+    layers = [_layer(f"l{i}", params=1000, flops_per_sample=1e6, stash=1000.0) for i in range(4)]
+    report = stream(layers, fabric, batch_size=20)  # 20 x 4 KB + 2 x 2 KB of weights in flight
+    assert report.wafer_bytes == 20 * 4000 + 2 * 2000
+    assert report.max_batch_per_system == (100_000 - 4000) // 4000
+    with pytest.raises(FabricCapacityError) as caught:
+        stream(layers, fabric, batch_size=48)
+    assert "at most 24 samples per system fit" in caught.value.message
+    assert "Lower the batch size to 24 or less" in caught.value.fix and "num_csx >= 2" in caught.value.fix
+    assert stream(layers, fabric, batch_size=48, num_systems=2).batch_per_system == 24
+
+
+def test_weights_and_optimizer_state_must_fit_in_memoryx():
+    layers = [_layer("huge", params=10_000_000, flops_per_sample=1e9)]
+    with pytest.raises(FabricCapacityError, match="MemoryX holds 100 MB") as caught:
+        stream(layers, WSE2, batch_size=8, memoryx=MemoryX(capacity_bytes=100e6))
+    assert caught.value.bytes_needed == 12 * 10_000_000
+
+
+def test_the_report_renders_and_serialises():
+    report = stream(transformer(layers=2, seq=128, hidden=256, heads=4, vocab=1000, batch=32), WSE2, batch_size=32)
+    text = report.render_table()
+    assert text.startswith("Weight streaming on 1 system x WSE-2") and "block1_ffn_down_ln" in text
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["execution_strategy"] == "weight_streaming" and len(data["layers"]) == len(report.layers)
+    assert data["slowest_layer"] == report.slowest_layer
+
+
+def test_a_stash_too_big_for_the_wafer_is_recomputed_from_each_layers_input():
+    fabric = small_fabric(10, 10, sram_bytes_per_pe=1000)  # 100 KB of SRAM
+    layers = [LayerCost(f"l{i}", flops_fwd=1e6, flops_bwd=2e6, weight_bytes=4000, activation_bytes=10_000,
+                        output_bytes=100) for i in range(4)]
+    kept = stream(layers, fabric, batch_size=2)  # 2 x 40 KB: everything stays
+    assert not kept.recompute and kept.wafer_bytes == 2 * 40_000 + 2 * 2000
+    recomputed = stream(layers, fabric, batch_size=4)  # 4 x 40 KB does not fit; 4 x (10 KB + 300 B + 10 KB) does
+    assert recomputed.recompute and recomputed.wafer_bytes == 4 * (10_000 + 300 + 10_000) + 2 * 2000
+    assert "recomputed in its backward pass" in recomputed.notes[-1]
+    for a, b in zip(kept.layers, recomputed.layers):  # the backward pass runs the forward again
+        assert b.compute_bwd_seconds == pytest.approx(2 * a.compute_bwd_seconds * (3e6 / 2e6))
+        assert b.compute_fwd_seconds == pytest.approx(2 * a.compute_fwd_seconds)
+    assert recomputed.max_batch_per_system == (100_000 - 4000) // 20_300
+    with pytest.raises(FabricCapacityError, match="even recomputing"):
+        stream(layers, fabric, batch_size=5)
