@@ -4,13 +4,17 @@ TensorFlow 2.16 removed tf.estimator. `install_as_tf_estimator()` (or, from the
 Cerebras layer, `import cerebras_tf.legacy_estimator`) makes `tf.estimator`,
 `tf.compat.v1.estimator` and `tf.compat.v2.estimator` resolve to a module that
 serves this package's Estimator runtime under tf.estimator's names, so a script
-written for tf.estimator runs unchanged. Where TensorFlow still has tf.estimator
+written for tf.estimator runs unchanged; so do the `tensorflow_estimator`
+modules scripts import from directly (`tensorflow_estimator.python.estimator.
+estimator.Estimator`, `...model_fn.EstimatorSpec`, ...: `PACKAGE_MODULES`),
+where that package is not installed. Where TensorFlow still has tf.estimator
 (2.15 with tensorflow-estimator, and estimator.BACKEND is "tf.estimator"), it
 does nothing. Names are looked up when used, so whatever the runtime provides
 is there (the standard hooks come from tf.compat.v1.train, as tf.estimator's do).
 """
 from __future__ import annotations
 
+import importlib.util
 import sys
 import types
 from typing import Any
@@ -47,8 +51,9 @@ class _TfEstimatorModule(types.ModuleType):
         elif name in _FROM_V1_TRAIN:
             value = getattr(tf.compat.v1.train, name)
         else:
+            shown = "tf.estimator" if self.__name__ == MODULE_NAME else self.__name__
             raise AttributeError(
-                f"tf.estimator.{name} is not provided by cerebras-tf's Estimator runtime (installed as tf.estimator "
+                f"{shown}.{name} is not provided by cerebras-tf's Estimator runtime (installed as tf.estimator "
                 f"by estimator.install_as_tf_estimator on TensorFlow {tf.__version__}).")
         setattr(self, name, value)
         return value
@@ -75,4 +80,32 @@ def install_as_tf_estimator() -> Any:
         sys.modules[MODULE_NAME] = module
     for parent in (tf, tf.compat.v1, tf.compat.v2):
         parent.estimator = module
+    _serve_tensorflow_estimator_package()
     return module
+
+
+# The tensorflow_estimator modules scripts import from directly (the Model Zoo's estimator wrappers do), each
+# serving tf.estimator's names.
+PACKAGE_MODULES = ("tensorflow_estimator", "tensorflow_estimator.estimator", "tensorflow_estimator.python",
+                   "tensorflow_estimator.python.estimator", "tensorflow_estimator.python.estimator.estimator",
+                   "tensorflow_estimator.python.estimator.model_fn",
+                   "tensorflow_estimator.python.estimator.run_config",
+                   "tensorflow_estimator.python.estimator.mode_keys")
+
+
+def _serve_tensorflow_estimator_package() -> None:
+    """Where the tensorflow_estimator package is not installed (TF >= 2.16), serve its usual modules too."""
+    served = sys.modules.get("tensorflow_estimator")
+    if served is not None and not isinstance(served, _TfEstimatorModule):
+        return  # the real package is imported: never shadow it
+    if served is None and importlib.util.find_spec("tensorflow_estimator") is not None:
+        return  # the real package is installed
+    for name in PACKAGE_MODULES:
+        module = sys.modules.get(name)
+        if not isinstance(module, _TfEstimatorModule):
+            module = _TfEstimatorModule(name, f"{name}, served by cerebras-tf's Estimator runtime.")
+            module.__path__ = []  # a package: its submodules import
+            sys.modules[name] = module
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(sys.modules[parent], child, module)

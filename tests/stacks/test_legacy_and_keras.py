@@ -164,3 +164,31 @@ def test_without_the_one_liner_tf_estimator_is_missing_and_the_package_leaves_tf
     lines = done.stdout.strip().splitlines()
     assert lines[0] == "False runtime" and lines[1] == "True True"
     assert "tf.estimator.DNNClassifier is not provided by cerebras-tf's Estimator runtime" in lines[2]
+
+
+@pytest.mark.skipif(not MODERN, reason="TF 2.15 has the tensorflow_estimator package of its own")
+def test_the_one_liner_serves_the_tensorflow_estimator_modules_scripts_import_from(tmp_path):
+    """The Model Zoo's estimator wrappers import tensorflow_estimator.python.estimator.* directly."""
+    done = _python("""
+        import importlib.util
+        import estimator
+        print(importlib.util.find_spec("tensorflow_estimator") is None)
+        import cerebras_tf.legacy_estimator
+        import tensorflow as tf
+        from tensorflow_estimator.python.estimator.estimator import Estimator
+        from tensorflow_estimator.python.estimator.model_fn import EstimatorSpec
+        from tensorflow_estimator.python.estimator.run_config import RunConfig
+        from tensorflow_estimator.python.estimator.mode_keys import ModeKeys
+        import tensorflow_estimator as tfe
+        print(Estimator is estimator.Estimator, EstimatorSpec is estimator.EstimatorSpec,
+              RunConfig is estimator.RunConfig, ModeKeys is estimator.ModeKeys,
+              tfe.estimator.Estimator is tf.estimator.Estimator)
+        try:
+            from tensorflow_estimator.python.estimator.estimator import DNNClassifier
+        except ImportError as error:
+            print(error)
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[0] == "True" and lines[1] == "True True True True True", lines
+    assert "DNNClassifier" in lines[2], lines
