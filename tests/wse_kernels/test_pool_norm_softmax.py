@@ -267,7 +267,7 @@ def test_softmax_family(rng):
     check(run("l2_loss", [x])[0], R.L2Loss(t=x), rtol=1e-5)
 
 
-@pytest.mark.parametrize("labels", [[0, 4, 1], [0, -1, 5], [-2, 3, -1]])
+@pytest.mark.parametrize("labels", [[0, 4, 1], [0, -3, 5], [-2, 3, -1]])
 def test_sparse_xent_out_of_range_label_raises_what_tfs_cpu_kernel_raises(rng, labels):
     x = rng.normal(size=(3, 4)).astype(F)
     labels = np.array(labels, np.int32)
@@ -276,6 +276,21 @@ def test_sparse_xent_out_of_range_label_raises_what_tfs_cpu_kernel_raises(rng, l
     with pytest.raises(KernelInputError) as ours:
         run("sparse_softmax_cross_entropy", [x, labels])
     assert str(ours.value) == theirs.value.message.split("}} ", 1)[-1].split(" [Op:")[0]
+
+
+def test_sparse_xent_label_minus_one_is_padding_with_no_loss_and_no_gradient(rng):
+    """The CS system skips the padding label -1 (the zoo's variable-sequence-length mlm_pad_id); every other row
+    is TF's, and an out-of-range label next to the padding still raises, naming it (as TF would)."""
+    x = rng.normal(size=(5, 4)).astype(F)
+    labels = np.array([2, -1, 0, -1, 3], np.int32)
+    loss, grad = run("sparse_softmax_cross_entropy", [x, labels])
+    kept = labels != -1
+    theirs = R.SparseSoftmaxCrossEntropyWithLogits(features=x[kept], labels=labels[kept])
+    check(loss[kept], theirs[0], rtol=1e-6, atol=2e-6)
+    check(grad[kept], theirs[1])
+    assert not loss[~kept].any() and not grad[~kept].any()
+    with pytest.raises(KernelInputError, match=r"label value of 4 .* Label values: 2 -1 4"):
+        run("sparse_softmax_cross_entropy", [x[:3], np.array([2, -1, 4], np.int32)])
 
 
 @pytest.mark.parametrize("training", [True, False])

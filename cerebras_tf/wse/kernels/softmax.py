@@ -52,28 +52,38 @@ def sparse_softmax_cross_entropy(inputs: list[np.ndarray], attrs: Mapping[str, A
                                  ctx: KernelContext) -> list[np.ndarray]:
     """SparseSoftmaxCrossEntropyWithLogits(features[batch, classes], labels[batch] int).
 
-    A label outside [0, classes) raises KernelInputError, as TF's CPU kernel raises InvalidArgumentError.
+    A label of -1 is padding, as on the CS system (the Model Zoo's variable sequence length pads masked-LM
+    labels with -1, ``mlm_pad_id``): its row's loss and gradient are 0. Any other label outside
+    [0, classes) raises KernelInputError, as TF's CPU kernel raises InvalidArgumentError.
     """
     logits, labels = inputs
     k = logits.shape[-1]
-    _check_labels(labels, k)
+    padding = labels == PADDING_LABEL
+    _check_labels(labels, k, counted=~padding)
     s = _shifted(logits)
     e = np.exp(s)
     total = e.sum(axis=-1, keepdims=True)
-    index = labels.astype(np.int64)
+    index = np.where(padding, 0, labels).astype(np.int64)
     picked = np.take_along_axis(s, index[:, None], axis=-1)[:, 0]
     loss = np.log(total[:, 0]) - picked
     back = e / total
     back[np.arange(len(index)), index] -= 1
+    if padding.any():
+        loss[padding] = 0
+        back[padding] = 0
     return [loss.astype(logits.dtype, copy=False), back.astype(logits.dtype, copy=False)]
 
 
-def _check_labels(labels: np.ndarray, classes: int) -> None:
+PADDING_LABEL = -1  # the label the CS system skips (the zoo's mlm_pad_id for variable sequence length)
+
+
+def _check_labels(labels: np.ndarray, classes: int, counted: np.ndarray | None = None) -> None:
     """TF's CheckInvalidLabelIndex: the smallest label if it is negative, else the largest if it is >= classes,
-    reported with every label value."""
-    if labels.size == 0:
+    reported with every label value; only the `counted` labels are checked (all by default)."""
+    checked = labels if counted is None else labels[counted]
+    if checked.size == 0:
         return
-    low, high = int(labels.min()), int(labels.max())
+    low, high = int(checked.min()), int(checked.max())
     if low < 0 or high >= classes:
         bad = low if low < 0 else high
         values = " ".join(str(int(v)) for v in labels.ravel())
