@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any, Mapping
 
 from cerebras_tf.cluster import check_num_input_workers, check_tf_config_json, input_worker_count
@@ -39,6 +40,15 @@ DEFAULT_INPUT_WORKER_TIMEOUT_SECS = 120.0
 def set_default_tf_config() -> None:
     """Set TF_CONFIG to a single-chief cluster unless the environment already has one."""
     os.environ.setdefault("TF_CONFIG", json.dumps(DEFAULT_TF_CONFIG))
+
+
+_ADDRESS = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[^\s:\[\]/]+)(?::(\d{1,5}))?")
+
+
+def _is_address(cs_ip: str) -> bool:
+    """'host' or 'host:port' (port 1-65535), the host a name, an IPv4 address or a bracketed IPv6 address."""
+    match = _ADDRESS.fullmatch(cs_ip.strip())
+    return match is not None and (match.group(1) is None or 1 <= int(match.group(1)) <= 65535)
 
 
 class CSRunConfig(RunConfig):
@@ -93,6 +103,12 @@ class CSRunConfig(RunConfig):
             raise ConfigValueError(
                 f"CSRunConfig(cs_ip={cs_ip!r}): cs_ip must be a non-empty 'host:port' string or None.",
                 fix="Pass cs_ip='host:port' to target the CS system, or None for CPU/GPU.")
+        if cs_ip is not None and not _is_address(cs_ip):
+            raise ConfigValueError(
+                f"CSRunConfig(cs_ip={cs_ip!r}): cs_ip must be 'host' or 'host:port' (a port from 1 to 65535; an "
+                "IPv6 host in brackets).",
+                fix="Pass one host and at most one port, e.g. cs_ip='10.0.0.1:9000'. The Model Zoo's run.py adds "
+                    "':9000' to its --cs_ip itself: pass it the host alone (--cs_ip 10.0.0.1).")
         try:
             fields = cs_config_fields(cs_config)
             workers_per_csx = num_workers_per_csx(fields)

@@ -61,6 +61,10 @@ def test_params_that_is_not_a_dict(model_dir, params, shown, call):
     ({"num_input_workers": 2.5}, "CSRunConfig(num_input_workers=2.5) must be a positive integer."),
     ({"cs_ip": ""}, "cs_ip must be a non-empty 'host:port' string or None."),
     ({"cs_ip": 9000}, "CSRunConfig(cs_ip=9000)"),
+    ({"cs_ip": "localhost:9000:9000"}, "CSRunConfig(cs_ip='localhost:9000:9000'): cs_ip must be 'host' or "
+                                        "'host:port'"),
+    ({"cs_ip": "10.0.0.1:99999"}, "a port from 1 to 65535"),
+    ({"cs_ip": "cs 1:9000"}, "cs_ip must be 'host' or 'host:port'"),
     ({"input_worker_timeout_secs": -1}, "CSRunConfig(input_worker_timeout_secs=-1) must be a positive number."),
 ])
 def test_csrunconfig_arguments_are_refused_when_the_config_is_built(model_dir, kwargs, message):
