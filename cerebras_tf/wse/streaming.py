@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from cerebras_tf.errors import FabricCapacityError
 from cerebras_tf.wse.fabric import Fabric
@@ -165,6 +165,14 @@ class StreamingReport:
             "layers": [layer.to_dict() for layer in self.layers],
             "notes": list(self.notes),
         }
+
+    def to_png(self, path: str | None = None, **kwargs: Any) -> bytes:
+        """Picture of the per-layer timing (see `streaming_picture.render_streaming_png`)."""
+        from cerebras_tf.wse import streaming_picture
+
+        if path is None:
+            return streaming_picture.render_streaming_png(self, **kwargs)
+        return streaming_picture.write_streaming_png(self, path, **kwargs)
 
     def render_table(self) -> str:
         """Readable text report: summary lines and one row per layer."""

@@ -93,3 +93,10 @@ def test_a_stash_too_big_for_the_wafer_is_recomputed_from_each_layers_input():
     assert recomputed.max_batch_per_system == (100_000 - 4000) // 20_300
     with pytest.raises(FabricCapacityError, match="even recomputing"):
         stream(layers, fabric, batch_size=5)
+
+
+def test_the_picture_is_a_png_of_every_layer(tmp_path):
+    report = stream(transformer(layers=2, seq=128, hidden=256, heads=4, vocab=1000, batch=32), WSE2, batch_size=32)
+    data = report.to_png(str(tmp_path / "streaming.png"))
+    assert data.startswith(b"\x89PNG") and (tmp_path / "streaming.png").read_bytes() == data
+    assert report.to_png() == data  # deterministic
