@@ -12,8 +12,8 @@ cs_config field      on the simulated CS system
 fabric               honoured: the wafer the compiler places on (ours)
 use_cbfloat16        honoured: True runs this config's executors in cbfloat16
 num_workers_per_csx  honoured: N >= 1 is the number of input workers (0: auto)
-num_csx              1 is honoured; more systems are refused (rules/config.py)
-execution_strategy   pipeline is honoured; weight streaming is refused
+num_csx              weight streaming: N systems in compile()'s estimate; runs use 1
+execution_strategy   honoured: pipeline (placement) or weight streaming (timing)
 anything else        ignored, with one warning per config naming the fields
 ==================== ==========================================================
 

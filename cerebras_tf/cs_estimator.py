@@ -153,7 +153,7 @@ class CerebrasEstimator(EstimatorBase):
         raise_problems(rules.run.check_train_steps(steps, max_steps))  # first, as tf.estimator checks them
         problems = rules.run.check_train_call(hooks, steps, max_steps, saving_listeners)
         problems += rules.config.check_tf_config(settings)
-        problems += self._call_problems(settings)
+        problems += self._call_problems(settings) + rules.config.check_systems_for_run(settings)
         self._announce_system("Training", settings)
         model = precheck(self, input_fn, ModeKeys.TRAIN, problems, settings)
         latest = tf.train.latest_checkpoint(self.model_dir)
@@ -181,7 +181,8 @@ class CerebrasEstimator(EstimatorBase):
             return super().evaluate(input_fn, steps=steps, hooks=hooks, checkpoint_path=checkpoint_path, name=name)
         raise_problems(rules.run.check_evaluate_steps(steps))  # first, as tf.estimator checks them
         self._announce_system("Evaluating", settings)
-        problems = rules.run.check_evaluate_call(hooks, steps) + self._call_problems(settings)
+        problems = (rules.run.check_evaluate_call(hooks, steps) + self._call_problems(settings)
+                    + rules.config.check_systems_for_run(settings))
         model = precheck(self, input_fn, ModeKeys.EVAL, problems, settings)
         assert steps is not None  # check_evaluate_call refused steps=None above
         path = checkpoint_to_evaluate(self.model_dir, checkpoint_path)
@@ -211,7 +212,8 @@ class CerebrasEstimator(EstimatorBase):
         settings = self._settings()
         if use_cs and settings.on_cs_system:
             self._announce_system("Predicting", settings)
-            problems = rules.run.check_predict_call(hooks) + self._call_problems(settings)
+            problems = (rules.run.check_predict_call(hooks) + self._call_problems(settings)
+                        + rules.config.check_systems_for_run(settings))
             model = precheck(self, input_fn, ModeKeys.PREDICT, problems, settings)
             path = checkpoint_to_evaluate(self.model_dir, checkpoint_path, "predict")
             self._check_checkpoint(model, path)
@@ -273,7 +275,8 @@ class CerebrasEstimator(EstimatorBase):
         """
         address = settings.system_address
         assert address is not None  # only runs on the CS system get here (settings.on_cs_system)
-        check_system(address, program_hash(model), model.input.mode, self.model_dir)
+        check_system(address, program_hash(model, False, settings.execution_strategy, settings.num_csx),
+                     model.input.mode, self.model_dir)
         result = self._compile(model, validate_only=False, settings=settings)
         program_system(address, result.graph_hash, model.input.mode, self.model_dir)
         return result
@@ -286,6 +289,8 @@ class CerebrasEstimator(EstimatorBase):
             compile_dir=None if validate_only else self.compile_dir,
             system_name=settings.system_name,
             fabric=settings.fabric,
+            execution_strategy=settings.execution_strategy,
+            num_systems=settings.num_csx,
         )
         if not result.reused:  # a reused artifact's report was logged when it was built (and is in compile_dir)
             _log.info("%s", result.summary())

@@ -68,9 +68,10 @@ class CSRunConfig(RunConfig):
         cerebras_tf.wse.fabric.Fabric; use_cbfloat16=True makes this config's
         runs on the simulated system use the cbfloat16 half dtype (it wins over
         amp.set_half_dtype; False or unset keeps amp's process-wide choice);
-        num_workers_per_csx=N >= 1 sets num_input_workers; num_csx > 1 and
-        weight-streaming execution_strategy are refused when a run targets the
-        CS system; other fields are ignored with one ConfigWarning. The
+        num_workers_per_csx=N >= 1 sets num_input_workers; execution_strategy
+        chooses pipelined or weight streaming execution (num_csx > 1 only with
+        weight streaming, and only in compile()'s estimate so far); other
+        fields are ignored with one ConfigWarning. The
         appliance's CSConfig (cs_config.ApplianceCSConfig, what R1.8's
         run_appliance builds) with no cs_ip selects the simulated CS system
         for use_cs=True runs: no appliance cluster is reachable from here, so
@@ -194,7 +195,7 @@ class CSRunConfig(RunConfig):
 
     @property
     def execution_strategy(self) -> str:
-        """cs_config's execution strategy, "pipeline" (default) or "weight_streaming" (refused by the rules)."""
+        """cs_config's execution strategy, "pipeline" (default) or "weight_streaming"."""
         return self._execution_strategy
 
     @property

@@ -16,6 +16,7 @@ from cerebras_tf.compiler import artifact, layout, lower, report
 from cerebras_tf.errors import CerebrasError
 from cerebras_tf.wse.fabric import Fabric
 from cerebras_tf.wse.placement import PlacementReport
+from cerebras_tf.wse.streaming import StreamingReport
 from estimator import CapturedModel
 
 _log = tf.compat.v1.logging
@@ -44,7 +45,8 @@ class CompileResult:
     artifact_dir: str | None = None
     note: str = ""  # why the artifact was (re)built, or "reused"
     seconds: float = 0.0
-    placement: PlacementReport | None = None  # full compile for a fabric: the pipelined layout
+    # full compile for a fabric: the pipelined placement, or the weight streaming timing
+    placement: PlacementReport | StreamingReport | None = None
     # What a run in this environment would refuse that compile() does not need (e.g. TF_CONFIG for training);
     # also under "Warnings" at the end of `report` (not in the artifact's report, which is the program's).
     warnings: list[CerebrasError] = dataclasses.field(default_factory=list)
@@ -66,8 +68,10 @@ class CompileResult:
                  + f" ({self.note})."]
         if self.placement is not None:
             place = self.placement
+            mode = "pipelined" if isinstance(place, PlacementReport) else (
+                f"weight streaming, {place.num_systems} system{'s' if place.num_systems > 1 else ''}")
             lines.append(f"Estimated {place.estimated_samples_per_sec:,.0f} samples/s on {place.fabric.name} "
-                         f"(limited by {place.limiting_bound}).")
+                         f"({mode}; limited by {place.limiting_bound}).")
             lines += [f"Note: {note}" for note in place.notes]
         where = os.path.join(self.artifact_dir, artifact.REPORT_FILE) if self.artifact_dir else "CompileResult.report"
         lines.append(f"Full report (kernels by kind, inputs, layers{', placement' if self.placement else ''}): "
@@ -75,28 +79,35 @@ class CompileResult:
         return "\n".join(lines)
 
 
-def program_hash(model: CapturedModel, validate_only: bool = False) -> str:
-    """The identity of the program `model` compiles to (graph, mode, casts, compiler version)."""
-    return lower.graph_hash(model, extra=f"casts={not validate_only}|compiler={compiler_digest()}")
+def program_hash(model: CapturedModel, validate_only: bool = False, execution_strategy: str = layout.PIPELINE,
+                 num_systems: int = 1) -> str:
+    """The identity of the program `model` compiles to (graph, mode, casts, compiler version, and the execution
+    mode it is laid out for)."""
+    execution = "" if (execution_strategy, num_systems) == (layout.PIPELINE, 1) else \
+        f"|execution={execution_strategy}x{num_systems}"
+    return lower.graph_hash(model, extra=f"casts={not validate_only}|compiler={compiler_digest()}{execution}")
 
 
 def compile_model(model: CapturedModel, *, validate_only: bool = False, compile_dir: str | None = None,
-                  system_name: str | None = None, fabric: Fabric | None = None) -> CompileResult:
+                  system_name: str | None = None, fabric: Fabric | None = None,
+                  execution_strategy: str = layout.PIPELINE, num_systems: int = 1) -> CompileResult:
     """Compile a captured model (already prechecked) for the CS system.
 
     validate_only: fold and match every op to a kernel, then stop (no casts,
       nothing written). Otherwise the full program (with precision casts) is
       built, and with a compile_dir written there as an artifact, or reused
       from there when the graph hash and target system match.
-    fabric: the target fabric; a full compile then places the program on it
-      (CompileResult.placement; report.json and placement.png in the artifact).
+    fabric: the target fabric; a full compile then lays the program out on it
+      (CompileResult.placement; report.json and placement.png in the artifact):
+      placed for pipelined execution, or timed layer by layer for weight
+      streaming on `num_systems` systems (execution_strategy="weight_streaming").
     Raises CompileError subclasses (or MultipleProblemsError) naming each
     unsupported op, its type and the user's file:line; ArtifactSystemMismatchError
     when compile_dir holds an artifact for another system; FabricCapacityError
-    when the model does not fit on the fabric.
+    when the model does not fit on the fabric (or, weight streaming, in MemoryX).
     """
     start = time.perf_counter()
-    graph_hash = program_hash(model, validate_only)
+    graph_hash = program_hash(model, validate_only, execution_strategy, num_systems)
     system = artifact.system_identity(system_name, fabric)
     directory = artifact.artifact_dir(compile_dir, model.input.mode) if compile_dir and not validate_only else None
     note = "validate only" if validate_only else "no compile_dir"
@@ -107,12 +118,14 @@ def compile_model(model: CapturedModel, *, validate_only: bool = False, compile_
                 text = f.read()
             _log.info("Reusing the compiled artifact in %s (graph hash %s, %s; report in %s).", directory,
                       graph_hash[:12], report.kernel_summary(program), artifact.REPORT_FILE)
-            placement = layout.place_program(program, fabric) if fabric is not None else None  # deterministic
+            placement = (layout.lay_out(program, fabric, execution_strategy, num_systems)  # deterministic
+                         if fabric is not None else None)
             return CompileResult(program, text, graph_hash, False, True, directory, note,
                                  time.perf_counter() - start, placement)
     program, stats = lower.lower(model, casts=not validate_only)
     program.verify()  # a malformed program here is a compiler bug: stop before it is written or run
-    placement = layout.place_program(program, fabric) if fabric is not None and not validate_only else None
+    placement = (layout.lay_out(program, fabric, execution_strategy, num_systems)
+                 if fabric is not None and not validate_only else None)
     seconds = time.perf_counter() - start
     text = report.render(program, stats, graph_hash=graph_hash, system=system, seconds=seconds)
     if placement is not None:

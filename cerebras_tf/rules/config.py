@@ -81,26 +81,34 @@ def _plain_run_config_default(settings: CSSettings, secs: object) -> bool:
 
 
 def check_cs_config(settings: CSSettings) -> list[CerebrasError]:
-    """Refuse cs_config settings the simulated CS system cannot do: several systems, weight streaming.
+    """Refuse cs_config settings no CS system runs: several systems in pipelined execution.
 
     (Fields it ignores were warned about when the CSRunConfig was built; see cerebras_tf/cs_config.py.)
     """
-    problems: list[CerebrasError] = []
-    where = settings.created_at
     systems = settings.num_csx
-    if systems > 1:
-        problems.append(ConfigError(
-            f"cs_config num_csx={systems} asks for {systems} CS systems; the simulated CS system is a single "
-            "system (training across several systems is out of scope).",
-            where=where, fix="Set num_csx=1 (or leave it out) in cs_config for runs on the simulated CS system."))
-    if settings.execution_strategy == WEIGHT_STREAMING:
-        problems.append(ConfigError(
-            "cs_config execution_strategy=weight_streaming is not supported: the simulated CS system runs models "
-            "in pipelined mode only (weight streaming is out of scope).",
-            where=where,
-            fix="Use execution_strategy 'pipeline' (ES_PIPELINE) or leave it out; compile() reports a model too "
-                "large for pipelined mode with its sizes."))
-    return problems
+    if systems > 1 and settings.execution_strategy != WEIGHT_STREAMING:
+        return [ConfigError(
+            f"cs_config num_csx={systems} asks for {systems} CS systems in pipelined execution, which runs on one "
+            "system (several systems are data parallel in weight streaming).",
+            where=settings.created_at,
+            fix="Set num_csx=1 (or leave it out) for pipelined execution, or execution_strategy "
+                "'weight_streaming' (ES_WEIGHT_STREAMING) to spread the batch over several systems.")]
+    return []
+
+
+def check_systems_for_run(settings: CSSettings) -> list[CerebrasError]:
+    """A run (train/evaluate/predict) on the simulated system uses one system; compile() estimates several
+    in weight streaming (several in pipelined execution are refused by check_cs_config, for compile() too)."""
+    systems = settings.num_csx
+    if systems > 1 and settings.execution_strategy == WEIGHT_STREAMING:
+        return [ConfigError(
+            f"cs_config num_csx={systems}: the simulated CS system runs on one system; training, evaluation and "
+            "prediction across several simulated systems are not there yet (compile() lays the model out and "
+            f"estimates it on {systems} systems).",
+            where=settings.created_at,
+            fix="Set num_csx=1 for runs on the simulated system (weight streaming computes the same numbers on one "
+                "system); keep num_csx for compile() to see the estimate.")]
+    return []
 
 
 def check_tf_config(settings: CSSettings) -> list[CerebrasError]:

@@ -700,8 +700,8 @@ def _capacity_error(layers: list[LayerCost], mem_bytes: np.ndarray, mem_min: np.
         f"({fabric.num_pes:,} PEs x {fmt_bytes(fabric.sram_bytes_per_pe)}). Largest layers: {largest}.",
         fix="Pipelined execution keeps every layer on the wafer at once and is for models under about "
             "1 billion parameters: shrink the model, the sequence length or image size (in-flight "
-            "activations), or choose a larger fabric. Weight streaming execution, for larger models, "
-            "is out of scope for cerebras-tf.",
+            "activations), or choose a larger fabric. Weight streaming execution is the mode for larger "
+            "models: cs_config={'execution_strategy': 'weight_streaming'} (R1.8: run.py CSX weight_streaming).",
         bytes_needed=needed,
         bytes_available=fabric.total_sram_bytes,
         largest_layers=[(layers[i].name, float(mem_bytes[i])) for i in order])

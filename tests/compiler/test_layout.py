@@ -97,3 +97,32 @@ def test_real_ir_zoo_models_place_efficiently_on_wse2(zoo_estimator, name):
         grid[region.y:region.y + region.height, region.x:region.x + region.width] += 1
         assert region.bytes <= region.sram_bytes == region.pes * fabric.sram_bytes_per_pe
     assert grid.max() == 1, "regions overlap"
+
+
+def test_weight_streaming_compiles_to_a_per_layer_timing_on_one_or_several_systems(zoo_estimator, tmp_path):
+    """cs_config's execution_strategy chooses the layout: weight streaming times each layer over the batch of
+    every system (the program's batch is one system's); the report, report.json and picture say so."""
+    from cerebras_tf.wse.streaming import StreamingReport
+
+    result = zoo_estimator("mlp", compile_dir=str(tmp_path / "compile"),
+                           cs_config={"execution_strategy": "weight_streaming", "num_csx": 2}).compile(mlp.input_fn)
+    streaming = result.placement
+    assert isinstance(streaming, StreamingReport)
+    assert [layer.name for layer in streaming.layers] == [layer.name for layer in result.program.layers]
+    features = result.program.tensors[result.program.inputs["features"]]
+    assert streaming.num_systems == 2 and streaming.batch_size == 2 * features.shape[0]
+    assert "Weight streaming on 2 systems x WSE-2" in result.report
+    assert "(weight streaming, 2 systems; limited by" in result.summary()
+    directory = tmp_path / "compile" / "train"
+    report = json.loads((directory / driver.PLACEMENT_REPORT_FILE).read_text())
+    assert report["execution_strategy"] == "weight_streaming" and report["num_systems"] == 2
+    assert (directory / driver.PLACEMENT_PICTURE_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    pipelined = zoo_estimator("mlp", compile_dir=str(tmp_path / "compile")).compile(mlp.input_fn)
+    assert not pipelined.reused and "changed" in pipelined.note  # another layout: recompiled, not reused
+    assert pipelined.graph_hash != result.graph_hash and pipelined.program.kernels == result.program.kernels
+
+
+def test_several_systems_in_pipelined_execution_are_refused(zoo_estimator):
+    with pytest.raises(Exception, match="num_csx=2 asks for 2 CS systems in pipelined execution"):
+        zoo_estimator("mlp", cs_config={"num_csx": 2}).compile(mlp.input_fn)

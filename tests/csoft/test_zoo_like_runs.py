@@ -48,10 +48,19 @@ def test_r18_appliance_flow_in_graph_mode(tmp_path):
     evaluated = _eval_metrics(_run("appliance", "CPU", "--model_dir", model_dir, "--mode", "eval"))
     assert evaluated["global_step"] == 6.0 and evaluated["eval/mse"] == evaluated["loss"]
 
-    streaming = _run("appliance", "CSX", "weight_streaming", "--model_dir", model_dir, "--max_steps", "12")
-    assert streaming.returncode != 0
-    assert "execution_strategy=weight_streaming is not supported" in streaming.stderr
-    assert tf.train.latest_checkpoint(model_dir).endswith("model.ckpt-6")
+    # R1.8's weight streaming: the same math on the simulated system, laid out one layer at a time; the same
+    # model_dir resumes, and CPU evaluates its checkpoint.
+    streaming = _run("appliance", "CSX", "weight_streaming", "--model_dir", model_dir, "--max_steps", "9",
+                     "--mgmt_address", "mgmt.example:443")
+    assert streaming.returncode == 0, streaming.stderr[-3000:]
+    assert re.search(r"Estimated [\d,]+ samples/s on WSE-2 \(weight streaming, 1 system; limited by",
+                     streaming.stderr), streaming.stderr[-3000:]
+    assert tf.train.latest_checkpoint(model_dir).endswith("model.ckpt-9")
+    assert _eval_metrics(_run("appliance", "CPU", "--model_dir", model_dir, "--mode", "eval"))["global_step"] == 9.0
+    two = _run("appliance", "CSX", "weight_streaming", "--model_dir", model_dir, "--max_steps", "12",
+               "--num_csx", "2", "--mgmt_address", "mgmt.example:443")
+    assert two.returncode != 0 and "num_csx=2: the simulated CS system runs on one system" in two.stderr
+    assert tf.train.latest_checkpoint(model_dir).endswith("model.ckpt-9")
 
 
 def test_r17_container_flow_with_a_cs_ip(tmp_path):
