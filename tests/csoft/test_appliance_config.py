@@ -1,6 +1,7 @@
 """R1.8's appliance config: the appliance's CSConfig, DebugArgs with the FullConfig JSON, and what CSX runs reach."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 
@@ -151,3 +152,31 @@ def test_an_appliance_evaluation_runs_the_models_eval_metric_ops_on_the_host(
     container = build_estimator(model_dir, _metric_ops_model_fn)  # a cs_ip: host_call is how metrics are computed
     with pytest.raises(CerebrasError, match="Detected unsupported eval_metric_ops in CS system evaluation run"):
         container.evaluate(make_input_fn(shuffle=False, repeat=1), steps=2, use_cs=True)
+
+
+def test_weight_streaming_trains_evaluates_and_predicts_the_same_numbers_as_pipelined(
+        tmp_path, build_estimator, make_input_fn, monkeypatch):
+    """The simulated system computes the same math in both execution modes: only the layout differs."""
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    results = {}
+    for strategy in ("pipeline", "weight_streaming"):
+        model_dir = str(tmp_path / strategy)
+        address = f"{strategy}.example:443"
+        config = CSRunConfig(cs_config=appliance_config(mgmt_address=address, execution_strategy=strategy),
+                             save_checkpoints_steps=None, tf_random_seed=11)
+        estimator = build_estimator(model_dir, config=config)
+        estimator.train(make_input_fn(shuffle=False), max_steps=3)
+        cerebras_tf.release_system(address)
+        metrics = estimator.evaluate(make_input_fn(repeat=1, shuffle=False), steps=2, use_cs=True)
+        cerebras_tf.release_system(address)
+        predicted = estimator.predict(make_input_fn(repeat=1, shuffle=False), use_cs=True)
+        predictions = [p for _, p in zip(range(4), predicted)]
+        cerebras_tf.release_system(address)
+        weights = {name: estimator.get_variable_value(name) for name in estimator.get_variable_names()}
+        report = json.loads(open(os.path.join(model_dir, "cs_compile", "train", "report.json")).read())
+        results[strategy] = metrics, predictions, weights, report
+    (m1, p1, w1, r1), (m2, p2, w2, r2) = results["pipeline"], results["weight_streaming"]
+    assert "execution_strategy" not in r1 and r2["execution_strategy"] == "weight_streaming"
+    assert all(np.array_equal(w1[name], w2[name]) for name in w1), {n: (w1[n], w2[n]) for n in w1}
+    assert m1 == m2
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(p1, p2))
