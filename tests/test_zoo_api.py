@@ -151,14 +151,21 @@ def test_num_workers_per_csx_sets_the_input_workers(tf_config):
     {"num_csx": 2, "execution_strategy": "weight_streaming"},
     CSConfig(num_csx=2, execution_strategy=2),
 ], ids=["dict", "protobuf"])
-def test_several_systems_and_weight_streaming_are_refused_before_anything_is_written(
+def test_several_systems_in_weight_streaming_compile_and_are_refused_for_runs_before_anything_is_written(
         cs_config, make_estimator, make_input_fn, assert_refused):
     estimator = make_estimator(cs_config=cs_config)
+    assert estimator.compile(make_input_fn(), validate_only=True).validate_only
+    assert_refused(estimator, errors.ConfigError, lambda: estimator.train(make_input_fn(), max_steps=2),
+                   "cs_config num_csx=2: the simulated CS system runs on one system")
+
+
+def test_several_systems_in_pipelined_execution_are_refused_before_anything_is_written(
+        make_estimator, make_input_fn, assert_refused):
+    estimator = make_estimator(cs_config={"num_csx": 2})
     for action in (lambda: estimator.compile(make_input_fn(), validate_only=True),
                    lambda: estimator.train(make_input_fn(), max_steps=2)):
-        error = assert_refused(estimator, errors.MultipleProblemsError, action,
-                               "cs_config num_csx=2", "execution_strategy=weight_streaming")
-        assert all(isinstance(problem, errors.ConfigError) for problem in error.problems)
+        assert_refused(estimator, errors.ConfigError, action,
+                       "cs_config num_csx=2 asks for 2 CS systems in pipelined execution")
 
 
 def test_refused_settings_do_not_stop_cpu_runs(make_estimator, make_input_fn):
