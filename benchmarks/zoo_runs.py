@@ -114,6 +114,7 @@ class Setup:
     model_src: Path  # the zoo directory holding the model's run.py (the subprocesses' cwd)
     work: Path  # this model's work directory
     pythonpath: list[str] = dataclasses.field(default_factory=list)  # stand-in packages for the subprocesses
+    vocab: int = VOCAB  # the vocabulary size the synthetic data and vocabulary files are written at
 
     @property
     def data(self) -> Path:
@@ -259,8 +260,8 @@ def _write_lines(path: Path, lines: Iterable[str]) -> Path:
 
 
 def write_wordpiece_vocab(setup: Setup) -> Path:
-    """A BERT (WordPiece) vocabulary of VOCAB lines: the special tokens, then words w0, w1, ..."""
-    return _write_lines(setup.data / "vocab.txt", WORDPIECE_SPECIAL + _words(VOCAB - len(WORDPIECE_SPECIAL)))
+    """A BERT (WordPiece) vocabulary of setup.vocab lines: the special tokens, then words w0, w1, ..."""
+    return _write_lines(setup.data / "vocab.txt", WORDPIECE_SPECIAL + _words(setup.vocab - len(WORDPIECE_SPECIAL)))
 
 
 def _feature(values: Sequence[Any]) -> Any:
@@ -340,7 +341,7 @@ def bert_nsp_tfrecords(params: Params, setup: Setup) -> None:
         for _ in range(count):
             length = int(rng.integers(msl // 2, msl + 1))
             first = int(rng.integers(1, length - 3))
-            words = rng.integers(FIRST_WORD, VOCAB, size=length).tolist()
+            words = rng.integers(FIRST_WORD, setup.vocab, size=length).tolist()
             ids = [CLS_ID] + words[: first] + [SEP_ID] + words[first: length - 3] + [SEP_ID]
             segments = [0] * (first + 2) + [1] * (length - first - 2)
             candidates = [i for i, t in enumerate(ids) if t not in (CLS_ID, SEP_ID)]
@@ -379,7 +380,7 @@ def mlm_only_token_tfrecords(params: Params, setup: Setup) -> None:
     import tensorflow as tf
 
     vocab = write_wordpiece_vocab(setup)
-    words = _words(VOCAB - len(WORDPIECE_SPECIAL))
+    words = _words(setup.vocab - len(WORDPIECE_SPECIAL))
     rng = np.random.default_rng(SEED)
     for section, split, count in _splits(params):
         inputs = params[section]
@@ -400,7 +401,7 @@ def t5_text(params: Params, setup: Setup) -> None:
     """T5DynamicDataProcessor: `<data_dir>/*.txt`, one document of space-separated vocabulary tokens a line,
     and a vocabulary file (<pad>, </s>, <unk>, <s>, words; the extra_ids sentinels come after it)."""
     specials = ["<pad>", "</s>", "<unk>", "<s>"]
-    words = _words(VOCAB - len(specials))
+    words = _words(setup.vocab - len(specials))
     vocab = _write_lines(setup.data / "vocab.txt", specials + words)
     rng = np.random.default_rng(SEED)
     for section, split, count in _splits(params):
@@ -419,7 +420,7 @@ def transformer_text(params: Params, setup: Setup) -> None:
     file globs) of space-separated tokens, and source and target vocabularies with <pad>, <unk>, <s>, </s> at
     the same ids."""
     specials = ["<pad>", "<unk>", "<s>", "</s>"]
-    words = _words(VOCAB - len(specials))
+    words = _words(setup.vocab - len(specials))
     src_vocab = _write_lines(setup.data / "vocab.src", specials + words)
     tgt_vocab = _write_lines(setup.data / "vocab.tgt", specials + words)
     rng = np.random.default_rng(SEED)
@@ -449,7 +450,7 @@ def squad_tfrecords(params: Params, setup: Setup) -> None:
         for index in range(count):
             length = int(rng.integers(msl // 2, msl + 1))
             question = int(rng.integers(3, length // 2))
-            ids = [CLS_ID] + rng.integers(FIRST_WORD, VOCAB, size=length - 1).tolist()
+            ids = [CLS_ID] + rng.integers(FIRST_WORD, setup.vocab, size=length - 1).tolist()
             ids[question] = SEP_ID
             ids[length - 1] = SEP_ID
             start = int(rng.integers(question + 1, length - 1))
@@ -485,7 +486,7 @@ def ner_tfrecords(params: Params, setup: Setup) -> None:
         records = []
         for _ in range(count):
             length = int(rng.integers(msl // 2, msl + 1))
-            ids = [CLS_ID] + rng.integers(FIRST_WORD, VOCAB, size=length - 2).tolist() + [SEP_ID]
+            ids = [CLS_ID] + rng.integers(FIRST_WORD, setup.vocab, size=length - 2).tolist() + [SEP_ID]
             labels = ([label_ids["[CLS]"]] + rng.integers(0, 4, size=length - 2).tolist() + [label_ids["[SEP]"]])
             records.append(_example({
                 "input_ids": _pad(ids, msl), "input_mask": _pad([1] * length, msl),
@@ -515,7 +516,7 @@ def bertsum_tfrecords(params: Params, setup: Setup) -> None:
             for sentence in range(sentences):
                 size = int(rng.integers(3, msl // max_cls - 1))
                 cls_indices.append(len(ids))
-                ids += [CLS_ID] + rng.integers(FIRST_WORD, VOCAB, size=size).tolist() + [SEP_ID]
+                ids += [CLS_ID] + rng.integers(FIRST_WORD, setup.vocab, size=size).tolist() + [SEP_ID]
                 segments += [sentence % 2] * (size + 2)
             labels = rng.integers(0, 2, size=sentences).tolist()
             records.append(_example({
@@ -774,7 +775,7 @@ def glue_sst2_tfds(params: Params, setup: Setup) -> None:
     """BERT classifier (Sst2DataProcessor): tfds.load("glue/sst2", data_dir=...): train/validation/test splits
     of sentence (text of vocabulary words), label (int64) and idx (int32); and the WordPiece vocabulary."""
     vocab = write_wordpiece_vocab(setup)
-    words = _words(VOCAB - len(WORDPIECE_SPECIAL))
+    words = _words(setup.vocab - len(WORDPIECE_SPECIAL))
     rng = np.random.default_rng(SEED)
 
     def split(count: int) -> dict[str, np.ndarray]:
@@ -921,18 +922,30 @@ def check_phase(phase: str, log_text: str, model_dir: Path, steps: int) -> str:
     return ""
 
 
-def run_phase(release: Release, phase: str, run_py: Path, setup: Setup, params: dict[str, Path], steps: int,
-              ) -> Outcome:
-    model_dir = setup.work / ("model_cpu" if phase == "cpu_train" else "model_cs")
-    log = setup.work / f"{phase}.log"
+def phase_environment(release: Release, phase: str, setup: Setup) -> tuple[dict[str, str], str | None]:
+    """The subprocess environment of `phase` (the stand-ins on PYTHONPATH, TF_CONFIG as the release needs it)
+    and its TF_CONFIG."""
     env = {key: value for key, value in os.environ.items() if key != "TF_CONFIG"}
     env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONDONTWRITEBYTECODE="1")  # no __pycache__ in the zoo checkout
     env["PYTHONPATH"] = os.pathsep.join(setup.pythonpath + [p for p in [env.get("PYTHONPATH")] if p])
     tf_config = release.tf_config(phase)
     if tf_config:
         env["TF_CONFIG"] = tf_config
-    command = [sys.executable, "-m", "cerebras_tf.csoft", release.flavour, str(run_py),
-               *release.args(phase, params["cpu" if phase.startswith("cpu") else "cs"], model_dir, steps)]
+    return env, tf_config
+
+
+def csoft_command(release: Release, run_py: Path, args: Sequence[str]) -> list[str]:
+    """`python -m cerebras_tf.csoft <flavour> run.py args...` with this interpreter."""
+    return [sys.executable, "-m", "cerebras_tf.csoft", release.flavour, str(run_py), *args]
+
+
+def run_phase(release: Release, phase: str, run_py: Path, setup: Setup, params: dict[str, Path], steps: int,
+              ) -> Outcome:
+    model_dir = setup.work / ("model_cpu" if phase == "cpu_train" else "model_cs")
+    log = setup.work / f"{phase}.log"
+    env, tf_config = phase_environment(release, phase, setup)
+    command = csoft_command(release, run_py, release.args(
+        phase, params["cpu" if phase.startswith("cpu") else "cs"], model_dir, steps))
     start = time.perf_counter()
     with open(log, "w") as out:
         out.write(f"# cwd: {setup.model_src}\n# TF_CONFIG: {tf_config}\n# {' '.join(command)}\n")
@@ -1038,6 +1051,29 @@ def _list_arg(value: str, allowed: Sequence[str], what: str) -> list[str]:
     return chosen
 
 
+def run_pythonpath(work: Path, zoo: Path, tf_compat: bool,
+                   stand_ins: dict[str, dict[str, str]] = REQUIREMENT_STAND_INS,
+                   compat_source: str = TF_COMPAT_SITECUSTOMIZE) -> list[str]:
+    """The runs' PYTHONPATH: the TF compatibility sitecustomize (`compat_source`, with tf_compat), the
+    stand-ins for the zoo's requirements not installed here (written into the work dir) and the checkout."""
+    pythonpath: list[str] = []
+    if tf_compat:
+        compat = work / "tf_compat"
+        compat.mkdir(exist_ok=True)
+        (compat / "sitecustomize.py").write_text(compat_source)
+        pythonpath.append(str(compat))
+        print(f"TF 2.2 compatibility for the zoo's code: {compat}/sitecustomize.py (--no-tf-compat to leave it out)")
+    directory = work / "stand_ins"
+    written = write_stand_ins(directory, stand_ins)
+    if written:
+        print(f"stand-ins for the zoo's requirements not installed here: {', '.join(written)} ({directory})")
+        pythonpath.append(str(directory))
+    # The checkout on PYTHONPATH, as in a zoo user's environment: most run.py files add it to sys.path
+    # themselves, R1.7's gpt3/run.py imports modelzoo without doing so.
+    pythonpath.append(str(zoo))
+    return pythonpath
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1061,21 +1097,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     print(f"zoo {zoo}: {release.name}; python {sys.version.split()[0]} ({sys.executable}); work dir {work}",
           flush=True)
-    pythonpath: list[str] = []
-    if args.tf_compat:
-        compat = work / "tf_compat"
-        compat.mkdir(exist_ok=True)
-        (compat / "sitecustomize.py").write_text(TF_COMPAT_SITECUSTOMIZE)
-        pythonpath.append(str(compat))
-        print(f"TF 2.2 compatibility for the zoo's code: {compat}/sitecustomize.py (--no-tf-compat to leave it out)")
-    stand_ins = work / "stand_ins"
-    written = write_stand_ins(stand_ins, REQUIREMENT_STAND_INS)
-    if written:
-        print(f"stand-ins for the zoo's requirements not installed here: {', '.join(written)} ({stand_ins})")
-        pythonpath.append(str(stand_ins))
-    # The checkout on PYTHONPATH, as in a zoo user's environment: most run.py files add it to sys.path
-    # themselves, R1.7's gpt3/run.py imports modelzoo without doing so.
-    pythonpath.append(str(zoo))
+    pythonpath = run_pythonpath(work, zoo, args.tf_compat)
 
     results: dict[str, dict[str, Outcome]] = {}
     started = time.perf_counter()
