@@ -12,13 +12,16 @@ PIPELINE = "pipeline"
 WEIGHT_STREAMING = "weight_streaming"
 
 
+def _batch(program: ir.Program) -> int:
+    """Samples per step of one system: the leading dimension of the program's first input."""
+    tensors = [program.tensors[tid] for tid in program.inputs.values()]
+    return max(int(tensors[0].shape[0]), 1) if tensors and tensors[0].shape else 1
+
+
 def input_bytes_per_sample(program: ir.Program) -> float:
     """Bytes the input workers send to the wafer per sample (features and labels)."""
     tensors = [program.tensors[tid] for tid in program.inputs.values()]
-    if not tensors:
-        return 0.0
-    batch = max(int(tensors[0].shape[0]), 1) if tensors[0].shape else 1
-    return sum(costs.tensor_bytes(t) for t in tensors) / batch
+    return sum(costs.tensor_bytes(t) for t in tensors) / _batch(program) if tensors else 0.0
 
 
 def place_program(program: ir.Program, fabric: Fabric) -> PlacementReport | None:
@@ -46,9 +49,7 @@ def stream_program(program: ir.Program, fabric: Fabric, num_systems: int = 1) ->
     layers = [LayerCost(**entry) for entry in costs.layer_costs(program)]
     if not layers:
         return None
-    tensors = [program.tensors[tid] for tid in program.inputs.values()]
-    batch = max(int(tensors[0].shape[0]), 1) if tensors and tensors[0].shape else 1
-    return stream(layers, fabric, batch_size=batch * num_systems, num_systems=num_systems,
+    return stream(layers, fabric, batch_size=_batch(program) * num_systems, num_systems=num_systems,
                   precision="half" if program.precision_casts else "single", training=program.mode == "train")
 
 
