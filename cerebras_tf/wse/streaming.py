@@ -229,11 +229,9 @@ def stream(layers: Sequence[LayerCost] | Iterable[LayerCost], fabric: Fabric, *,
 
     weights_on_wafer = 2 * max(float(layer.weight_bytes) * weight_in_scale for layer in layers)
     room = fabric.total_sram_bytes - weights_on_wafer
-    stashes = _stash_per_sample(layers, training)
-    recompute, per_sample = False, stashes[0]
-    if training and per_system * stashes[0] > room and per_system * stashes[1] <= room:
-        recompute, per_sample = True, stashes[1]
-    least = stashes[1] if training else stashes[0]
+    full, least = _stash_per_sample(layers, training)
+    recompute = per_system * full > room and per_system * least <= room
+    per_sample = least if recompute else full
     max_batch = int(room // least) if least > 0 and room > 0 else (0 if room <= 0 else 1 << 62)
     wafer_bytes = per_system * per_sample + weights_on_wafer
     if per_system * least + weights_on_wafer > fabric.total_sram_bytes:
@@ -268,7 +266,8 @@ def stream(layers: Sequence[LayerCost] | Iterable[LayerCost], fabric: Fabric, *,
         raise FabricCapacityError(
             f"Weight streaming: the weights and optimizer state take {fmt_bytes(memoryx_bytes)}, but MemoryX "
             f"holds {fmt_bytes(memoryx.capacity_bytes)}.",
-            fix="Shrink the model, or give a larger MemoryX (cs_config's memoryx_bytes).",
+            fix="Shrink the model: the simulated cluster's MemoryX has the capacity of the smallest published "
+                "MemoryX configuration (wse.streaming.MemoryX; a larger one can be passed to stream()).",
             bytes_needed=memoryx_bytes, bytes_available=memoryx.capacity_bytes,
             largest_layers=sorted(((layer.name, float(layer.weight_bytes) + float(layer.optimizer_state_bytes))
                                    for layer in layers), key=lambda x: -x[1])[:5])
@@ -293,7 +292,6 @@ def stream(layers: Sequence[LayerCost] | Iterable[LayerCost], fabric: Fabric, *,
         num_systems=num_systems, layers=timings, step_seconds=step, estimated_samples_per_sec=estimate,
         limiting_bound=limiting, wafer_bytes=wafer_bytes, memoryx_bytes=memoryx_bytes,
         max_batch_per_system=max_batch, recompute=recompute, placement_seconds=time.perf_counter() - start, notes=notes)
-
 
 
 def _stash_per_sample(layers: list[LayerCost], training: bool) -> tuple[float, float]:
