@@ -26,20 +26,33 @@ Model
   and not the streaming.
 * A step is the sum of its layers' times; the update on MemoryX overlaps them.
   The estimate is ``global batch / step time`` samples/s.
-* Wafer memory: the batch's stashed activations of every layer (``B *
-  sum(activation_bytes)``) plus two layers' worth of streamed weights (the one
-  computing and the next arriving) must fit in the wafer's SRAM. When they do
-  not, the compiler recomputes: the wafer keeps only each layer's input for
-  the batch (what the layer before sends it) and, during one layer's backward
-  pass, that layer's own stash, and every backward pass first runs its layer
-  forward again (its compute time grows by the forward's). A batch that does
-  not fit even so is refused, naming the most samples per system that fit.
+* Wafer memory: the activations the backward pass needs stay on the wafer
+  (``activation_bytes`` per sample of each layer), plus two layers' worth of
+  streamed weights (the one computing and the next arriving). The compiler
+  picks, for the system's batch, the fastest of:
+  - keeping every layer's stash for the whole batch;
+  - recomputation: the wafer keeps the inputs of a few checkpoint layers (the
+    model input included) and, during the backward pass of the segment of
+    layers between two checkpoints, that segment's whole stash; every segment
+    runs its forward pass again first (its backward compute grows by its
+    forward's). The checkpoints are the set that needs the least memory (an
+    exact dynamic programme over the layer chain, for each of a fine grid
+    of bounds on a segment's stash); in a transformer they fall on the narrow hidden-size
+    tensors between blocks, never on attention scores;
+  - either of the two over micro-batches (gradient accumulation, which R1.8
+    drives with ``ws_opt_force_max_grad_accum_batch``): the batch runs as
+    ``k`` equal micro-batches that fit, each streaming every layer's weights in
+    and its gradients out again, and MemoryX adds the gradients up (a float32
+    accumulator per weight) before the one update. The compute is the same;
+    the weight traffic is ``k`` times.
+  Only a model where one sample does not fit even so is refused.
 * MemoryX memory: weights plus optimizer state must fit in its capacity.
 """
 from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
@@ -125,8 +138,10 @@ class StreamingReport:
     limiting_bound: str
     wafer_bytes: float
     memoryx_bytes: float
-    max_batch_per_system: int
+    max_batch_per_system: int  # the most samples per system one pass (micro-batch) fits
     recompute: bool
+    micro_batches: int
+    checkpoints: int  # layers whose input the wafer keeps (recompute)
     placement_seconds: float
     notes: list[str] = field(default_factory=list)
 
@@ -153,6 +168,8 @@ class StreamingReport:
             "batch_per_system": self.batch_per_system,
             "max_batch_per_system": self.max_batch_per_system,
             "recompute": self.recompute,
+            "checkpoints": self.checkpoints,
+            "micro_batches": self.micro_batches,
             "wafer_bytes": self.wafer_bytes,
             "memoryx_bytes": self.memoryx_bytes,
             "precision": self.precision,
@@ -186,8 +203,9 @@ class StreamingReport:
             f"{self.limiting_bound}; slowest layer {self.slowest_layer!r}; step {self.step_seconds * 1e3:.4g} ms "
             f"for {self.batch_size} samples, {self.batch_per_system} per system)",
             f"  wafer memory   {fmt_bytes(self.wafer_bytes)} of {fmt_bytes(fab.total_sram_bytes)} "
-            f"(at most {self.max_batch_per_system:,} samples per system fit"
-            + (", recomputing each layer's activations in its backward pass)" if self.recompute else ")"),
+            f"(at most {self.max_batch_per_system:,} samples per system fit in one pass"
+            + (f", recomputing from {self.checkpoints} checkpoint layers" if self.recompute else "")
+            + (f"; {self.micro_batches} micro-batches" if self.micro_batches > 1 else "") + ")",
             f"  MemoryX        {fmt_bytes(self.memoryx_bytes)} of {fmt_bytes(mx.capacity_bytes)} "
             f"(weights and optimizer state)",
         ]
@@ -212,8 +230,8 @@ def stream(layers: Sequence[LayerCost] | Iterable[LayerCost], fabric: Fabric, *,
     """Time one weight-streaming step of `layers` over `batch_size` samples; see the module docstring.
 
     Raises:
-      FabricCapacityError: the batch's activations do not fit on the wafer, or
-        the weights and optimizer state do not fit in MemoryX.
+      FabricCapacityError: one sample's activations do not fit on the wafer even
+        with recomputation, or the weights and optimizer state do not fit in MemoryX.
       ValueError: no layers, a batch that does not split evenly over the systems.
     """
     start = time.perf_counter()
@@ -229,39 +247,41 @@ def stream(layers: Sequence[LayerCost] | Iterable[LayerCost], fabric: Fabric, *,
 
     weights_on_wafer = 2 * max(float(layer.weight_bytes) * weight_in_scale for layer in layers)
     room = fabric.total_sram_bytes - weights_on_wafer
-    full, least = _stash_per_sample(layers, training)
-    recompute = per_system * full > room and per_system * least <= room
-    per_sample = least if recompute else full
-    max_batch = int(room // least) if least > 0 and room > 0 else (0 if room <= 0 else 1 << 62)
-    wafer_bytes = per_system * per_sample + weights_on_wafer
-    if per_system * least + weights_on_wafer > fabric.total_sram_bytes:
-        needed = math.ceil(batch_size / max(max_batch, 1))
+    plans = _stash_plans(layers, training)
+    if room <= 0 or plans[-1].per_sample_bytes > room:
+        least = plans[-1]
         raise FabricCapacityError(
-            f"Weight streaming: {per_system:,} samples per system stash {fmt_bytes(per_system * least)} "
-            f"of activations on the wafer (plus {fmt_bytes(weights_on_wafer)} of streamed weights), even "
-            f"recomputing each layer's activations in its backward pass, but {fabric.name} has "
-            f"{fmt_bytes(fabric.total_sram_bytes)} of SRAM: at most {max_batch:,} samples per system fit.",
-            fix=(f"Lower the batch size to {max_batch * num_systems:,} or less, or spread it over more systems "
-                 f"(num_csx >= {needed})." if max_batch > 0 else
-                 "A single layer's streamed weights do not fit on the wafer: split the layer."),
-            bytes_needed=per_system * least + weights_on_wafer, bytes_available=fabric.total_sram_bytes,
-            largest_layers=sorted(((layer.name, per_system * float(layer.activation_bytes)) for layer in layers),
+            f"Weight streaming: one sample stashes {fmt_bytes(least.per_sample_bytes)} of activations on the "
+            f"wafer even recomputing its layers' activations from {least.checkpoints} checkpoints (plus "
+            f"{fmt_bytes(weights_on_wafer)} of streamed weights), but {fabric.name} has "
+            f"{fmt_bytes(fabric.total_sram_bytes)} of SRAM.",
+            fix=("A single layer's streamed weights do not fit on the wafer: split the layer." if room <= 0 else
+                 "Shrink what one sample carries through the model: a shorter sequence (max_sequence_length), a "
+                 "smaller hidden size or fewer attention heads."),
+            bytes_needed=least.per_sample_bytes + weights_on_wafer, bytes_available=fabric.total_sram_bytes,
+            largest_layers=sorted(((layer.name, float(layer.activation_bytes)) for layer in layers),
                                   key=lambda x: -x[1])[:5])
 
-    timings = []
-    for index, layer in enumerate(layers):
-        weights_in = float(layer.weight_bytes) * weight_in_scale
-        gradients_out = float(layer.weight_bytes) if training else 0.0
-        backward_flops = float(layer.flops_bwd) + (float(layer.flops_fwd) if recompute else 0.0)
-        timings.append(LayerTiming(
-            index=index, name=layer.name, parameters=int(float(layer.weight_bytes) // _FLOAT32_BYTES),
-            compute_fwd_seconds=per_system * float(layer.flops_fwd) / rate,
-            compute_bwd_seconds=per_system * backward_flops / rate if training else 0.0,
-            stream_fwd_seconds=weights_in / bandwidth,
-            stream_bwd_seconds=(weights_in + gradients_out) / bandwidth if training else 0.0,
-            activation_bytes=per_system * float(layer.activation_bytes) if training else 0.0))
+    best: tuple[float, _StashPlan, int, list[LayerTiming]] | None = None
+    for plan in plans:
+        if plan.per_sample_bytes > room:
+            continue
+        largest = int(room // plan.per_sample_bytes) if plan.per_sample_bytes > 0 else per_system
+        micro_batches = math.ceil(per_system / max(1, min(largest, per_system)))
+        timings = _timings(layers, per_system, micro_batches, plan.recompute, training, rate, bandwidth,
+                           weight_in_scale)
+        step = sum(timing.seconds for timing in timings)
+        if best is None or step < best[0] * (1 - 1e-9):
+            best = (step, plan, micro_batches, timings)
+    assert best is not None  # the least plan fits (checked above)
+    step, plan, micro_batches, timings = best
+    micro_batch = math.ceil(per_system / micro_batches)
+    max_batch = int(room // plan.per_sample_bytes) if plan.per_sample_bytes > 0 else 1 << 62
+    wafer_bytes = micro_batch * plan.per_sample_bytes + weights_on_wafer
 
-    memoryx_bytes = sum(float(layer.weight_bytes) + float(layer.optimizer_state_bytes) for layer in layers)
+    accumulators = micro_batches > 1 and training  # MemoryX sums the micro-batches' gradients
+    memoryx_bytes = sum(float(layer.weight_bytes) * (2 if accumulators else 1) + float(layer.optimizer_state_bytes)
+                        for layer in layers)
     if memoryx_bytes > memoryx.capacity_bytes:
         raise FabricCapacityError(
             f"Weight streaming: the weights and optimizer state take {fmt_bytes(memoryx_bytes)}, but MemoryX "
@@ -272,7 +292,6 @@ def stream(layers: Sequence[LayerCost] | Iterable[LayerCost], fabric: Fabric, *,
             largest_layers=sorted(((layer.name, float(layer.weight_bytes) + float(layer.optimizer_state_bytes))
                                    for layer in layers), key=lambda x: -x[1])[:5])
 
-    step = sum(timing.seconds for timing in timings)
     compute = sum(t.compute_fwd_seconds + t.compute_bwd_seconds for t in timings)
     streaming_time = sum(t.stream_fwd_seconds + t.stream_bwd_seconds for t in timings)
     limiting = "weight_streaming" if streaming_time > compute else "compute"
@@ -283,24 +302,105 @@ def stream(layers: Sequence[LayerCost] | Iterable[LayerCost], fabric: Fabric, *,
         notes.append(f"{len(stream_bound)} of {len(timings)} layers ({shown}) wait for their weights: with "
                      f"{per_system:,} samples per system they compute for less time than their weights take to "
                      "stream; a larger batch per system hides it")
-    if recompute:
-        notes.append(f"the stash of {per_system:,} samples per system does not fit on the wafer: each layer's "
-                     "activations are recomputed in its backward pass from its input, which the wafer keeps")
+    if plan.recompute:
+        notes.append(f"the stash of {micro_batch:,} samples does not fit on the wafer: the wafer keeps the inputs "
+                     f"of {plan.checkpoints} checkpoint layers and recomputes each segment's activations in its "
+                     "backward pass")
+    if micro_batches > 1:
+        notes.append(f"the {per_system:,} samples per system run as {micro_batches} micro-batches of at most "
+                     f"{micro_batch:,} (gradient accumulation in MemoryX): every micro-batch streams the weights "
+                     "again")
     estimate = batch_size / step if step > 0 else math.inf
     return StreamingReport(
         fabric=fabric, memoryx=memoryx, precision=precision, training=training, batch_size=batch_size,
         num_systems=num_systems, layers=timings, step_seconds=step, estimated_samples_per_sec=estimate,
         limiting_bound=limiting, wafer_bytes=wafer_bytes, memoryx_bytes=memoryx_bytes,
-        max_batch_per_system=max_batch, recompute=recompute, placement_seconds=time.perf_counter() - start, notes=notes)
+        max_batch_per_system=max_batch, recompute=plan.recompute, micro_batches=micro_batches,
+        checkpoints=plan.checkpoints, placement_seconds=time.perf_counter() - start, notes=notes)
 
 
-def _stash_per_sample(layers: list[LayerCost], training: bool) -> tuple[float, float]:
-    """Bytes per sample the wafer keeps: (everything each layer stashes for its backward pass, the least
-    with recomputation: every layer's input, plus the largest single stash while that layer recomputes).
-    Inference keeps only the running layer's input and output: both are that."""
+def _timings(layers: list[LayerCost], per_system: int, micro_batches: int, recompute: bool, training: bool,
+             rate: float, bandwidth: float, weight_in_scale: float) -> list[LayerTiming]:
+    """Each layer's compute and streaming time per step (the whole system batch; weights stream once per
+    micro-batch)."""
+    timings = []
+    for index, layer in enumerate(layers):
+        weights_in = micro_batches * float(layer.weight_bytes) * weight_in_scale
+        gradients_out = micro_batches * float(layer.weight_bytes) if training else 0.0
+        backward_flops = float(layer.flops_bwd) + (float(layer.flops_fwd) if recompute else 0.0)
+        timings.append(LayerTiming(
+            index=index, name=layer.name, parameters=int(float(layer.weight_bytes) // _FLOAT32_BYTES),
+            compute_fwd_seconds=per_system * float(layer.flops_fwd) / rate,
+            compute_bwd_seconds=per_system * backward_flops / rate if training else 0.0,
+            stream_fwd_seconds=weights_in / bandwidth,
+            stream_bwd_seconds=(weights_in + gradients_out) / bandwidth if training else 0.0,
+            activation_bytes=per_system * float(layer.activation_bytes) if training else 0.0))
+    return timings
+
+
+@dataclass(frozen=True)
+class _StashPlan:
+    """What the wafer keeps per sample for the backward pass."""
+
+    per_sample_bytes: float
+    recompute: bool
+    checkpoints: int = 0  # layers whose input is kept (with recompute)
+
+
+def _stash_plans(layers: list[LayerCost], training: bool) -> list[_StashPlan]:
+    """The stash plans to choose from, the one with the least memory last: every layer's stash, and (when
+    it needs less) recomputation from the checkpoints that need the least memory. Inference keeps only the
+    running layer's input and output."""
     if not training:
-        kept = max(float(layer.activation_bytes) + layer.sent_bytes for layer in layers)
-        return kept, kept
-    full = sum(float(layer.activation_bytes) for layer in layers)
-    inputs = float(layers[0].activation_bytes) + sum(layer.sent_bytes for layer in layers[:-1])
-    return full, min(full, inputs + max(float(layer.activation_bytes) for layer in layers))
+        return [_StashPlan(max(float(layer.activation_bytes) + layer.sent_bytes for layer in layers), False)]
+    full = _StashPlan(sum(float(layer.activation_bytes) for layer in layers), False)
+    checkpointed = _least_checkpointed(layers)
+    return [full, checkpointed] if checkpointed.per_sample_bytes < full.per_sample_bytes else [full]
+
+
+_SEGMENT_BOUNDS = 64  # bounds on a segment's stash tried, geometric from the largest layer's to the whole model's
+
+
+def _least_checkpointed(layers: list[LayerCost]) -> _StashPlan:
+    """Recomputation with the least memory per sample: checkpoint layers whose inputs the wafer keeps (the
+    first layer's always: the model input, taken as its stash), plus the stash of the largest segment
+    between two checkpoints, which its backward pass recomputes. For each bound M on a segment's stash an
+    exact dynamic programme over the chain picks the checkpoints whose inputs add up least (a sliding-window
+    minimum, linear in the layers); the best M over a geometric grid wins."""
+    stash = [float(layer.activation_bytes) for layer in layers]
+    kept = [stash[0]] + [layer.sent_bytes for layer in layers[:-1]]  # kept[i]: layer i's input
+    prefix = [0.0]
+    for value in stash:
+        prefix.append(prefix[-1] + value)
+    n, low, high = len(layers), max(stash), prefix[-1]
+    if high <= 0:
+        return _StashPlan(kept[0], True, 1)
+    low = max(low, high * 1e-9)
+    bounds = sorted({low * (high / low) ** (i / (_SEGMENT_BOUNDS - 1)) for i in range(_SEGMENT_BOUNDS)} | {high})
+    best = _StashPlan(math.inf, True)
+    for bound in bounds:
+        cost, count = _checkpoint_cost(prefix, kept, bound * (1 + 1e-12), n)
+        if cost + bound < best.per_sample_bytes:
+            best = _StashPlan(cost + bound, True, count)
+    return best
+
+
+def _checkpoint_cost(prefix: list[float], kept: list[float], bound: float, n: int) -> tuple[float, int]:
+    """Least sum of kept inputs over checkpoints 0 = c0 < c1 < ... (< n) such that no segment's stash exceeds
+    `bound` (every single layer's must not), and the number of checkpoints."""
+    cost = [0.0] * n
+    count = [0] * n
+    cost[0], count[0] = kept[0], 1
+    window: deque[int] = deque()
+    for j in range(1, n + 1):
+        i = j - 1
+        while window and cost[window[-1]] >= cost[i]:
+            window.pop()
+        window.append(i)
+        while prefix[j] - prefix[window[0]] > bound:
+            window.popleft()
+        first = window[0]
+        if j == n:
+            return cost[first], count[first]
+        cost[j], count[j] = kept[j] + cost[first], count[first] + 1
+    raise AssertionError("unreachable")
