@@ -12,7 +12,7 @@ cs_config field      on the simulated CS system
 fabric               honoured: the wafer the compiler places on (ours)
 use_cbfloat16        honoured: True runs this config's executors in cbfloat16
 num_workers_per_csx  honoured: N >= 1 is the number of input workers (0: auto)
-num_csx              weight streaming: N systems in compile()'s estimate; runs use 1
+num_csx              weight streaming: N data-parallel systems (estimate, training); eval uses 1
 execution_strategy   honoured: pipeline (placement) or weight streaming (timing)
 anything else        ignored, with one warning per config naming the fields
 ==================== ==========================================================
@@ -114,7 +114,8 @@ def num_csx(fields: Mapping[str, Any]) -> int:
     value = fields.get("num_csx", 1)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigValueError(f"CSRunConfig(cs_config={{'num_csx': {value!r}}}): num_csx must be a positive "
-                               "integer.", fix="Set num_csx=1 (the simulated CS system is one system).")
+                               "integer.",
+                               fix="Set num_csx=1, or the number of CS systems to train on (weight streaming).")
     return max(value, 1)
 
 
@@ -136,8 +137,8 @@ def execution_strategy(fields: Mapping[str, Any]) -> str:
     if strategy is None:
         raise ConfigValueError(
             f"CSRunConfig(cs_config={{'execution_strategy': {value!r}}}): unknown execution strategy.",
-            fix=f"Use '{PIPELINE}' (ES_PIPELINE); '{WEIGHT_STREAMING}' (ES_WEIGHT_STREAMING) is recognised but not "
-                "supported yet.")
+            fix=f"Use '{PIPELINE}' (ES_PIPELINE) for models that fit on the wafer, or '{WEIGHT_STREAMING}' "
+                "(ES_WEIGHT_STREAMING) for larger ones.")
     return strategy
 
 

@@ -123,6 +123,9 @@ class CerebrasEstimator(EstimatorBase):
         return to_plain_spec(spec, mode)
 
     def _announce_system(self, what: str, settings: CSSettings) -> None:
+        if settings.num_csx > 1 and what != "Training":  # as on the Wafer-Scale Cluster
+            _log.warning("cs_config num_csx=%d: %s runs on one system of the simulated cluster (several systems "
+                         "are data parallel for training only).", settings.num_csx, what.lower())
         if settings.cs_ip is None:  # an appliance config (R1.8's CSX runs)
             contacted = f" (mgmt_address {settings.mgmt_address!r} is not contacted)" if settings.mgmt_address else ""
             _log.info("%s on the simulated CS system: no Cerebras appliance cluster is reachable from here, so the "
@@ -153,7 +156,7 @@ class CerebrasEstimator(EstimatorBase):
         raise_problems(rules.run.check_train_steps(steps, max_steps))  # first, as tf.estimator checks them
         problems = rules.run.check_train_call(hooks, steps, max_steps, saving_listeners)
         problems += rules.config.check_tf_config(settings)
-        problems += self._call_problems(settings) + rules.config.check_systems_for_run(settings)
+        problems += self._call_problems(settings)
         self._announce_system("Training", settings)
         model = precheck(self, input_fn, ModeKeys.TRAIN, problems, settings)
         latest = tf.train.latest_checkpoint(self.model_dir)
@@ -181,8 +184,7 @@ class CerebrasEstimator(EstimatorBase):
             return super().evaluate(input_fn, steps=steps, hooks=hooks, checkpoint_path=checkpoint_path, name=name)
         raise_problems(rules.run.check_evaluate_steps(steps))  # first, as tf.estimator checks them
         self._announce_system("Evaluating", settings)
-        problems = (rules.run.check_evaluate_call(hooks, steps) + self._call_problems(settings)
-                    + rules.config.check_systems_for_run(settings))
+        problems = rules.run.check_evaluate_call(hooks, steps) + self._call_problems(settings)
         model = precheck(self, input_fn, ModeKeys.EVAL, problems, settings)
         assert steps is not None  # check_evaluate_call refused steps=None above
         path = checkpoint_to_evaluate(self.model_dir, checkpoint_path)
@@ -212,8 +214,7 @@ class CerebrasEstimator(EstimatorBase):
         settings = self._settings()
         if use_cs and settings.on_cs_system:
             self._announce_system("Predicting", settings)
-            problems = (rules.run.check_predict_call(hooks) + self._call_problems(settings)
-                        + rules.config.check_systems_for_run(settings))
+            problems = rules.run.check_predict_call(hooks) + self._call_problems(settings)
             model = precheck(self, input_fn, ModeKeys.PREDICT, problems, settings)
             path = checkpoint_to_evaluate(self.model_dir, checkpoint_path, "predict")
             self._check_checkpoint(model, path)

@@ -81,6 +81,10 @@ def _train(checkpoints: "CheckpointWriter", estimator: EstimatorBase, settings: 
     if first >= last:
         _log.info("Skipping training since max_steps has already saved (global step %d).", first)
         return first
+    systems = settings.num_csx  # rules.config.check_data_parallel passed
+    if systems > 1:
+        _log.info("Training data parallel on %d simulated systems: each step runs %d batches, one per system, "
+                  "and averages their gradients (SwarmX) before the one update.", systems, systems)
     stream = InputStream.from_settings(input_fn, estimator.params, settings.input_workers)
     every = settings.log_step_count_steps
     save_every = settings.save_checkpoints_steps
@@ -91,16 +95,16 @@ def _train(checkpoints: "CheckpointWriter", estimator: EstimatorBase, settings: 
                                       settings.save_summary_steps)
         summaries.write_graph(model.graph)
         while executor.global_step < last:
-            try:
-                features, labels = next(stream)
+            try:  # one batch per system: several systems (weight streaming) are data parallel
+                batches = [next(stream) for _ in range(systems)]
             except StopIteration:
                 _log.info("The input data ended after global step %d.", executor.global_step)
                 break
-            result = run_step(executor, features, labels)
+            result = run_step(executor, *batches)
             host_checks.after_step(result.outputs, executor.global_step)  # raises before the step is saved
             step = executor.global_step
-            guard.after_step(result, step, saved, (features, labels))
-            summaries.step_done(batch_size((features, labels)))
+            guard.after_step(result, step, saved, batches[0])
+            summaries.step_done(sum(batch_size(batch) for batch in batches))
             if (step % every == 0 or step == last) and result.loss is not None:
                 summaries.write(step, result.loss, result.loss_scale)
             summaries.write_model_summaries(step, result.outputs, result.loss_scale)
@@ -125,11 +129,12 @@ def _train(checkpoints: "CheckpointWriter", estimator: EstimatorBase, settings: 
     return executor.global_step
 
 
-def run_step(executor: Executor, features: Any, labels: Any = None) -> StepResult:
-    """executor.step; a batch that a kernel refuses as TF's CPU kernel does (e.g. a label out of range for
-    sparse softmax) raises TF's InvalidArgumentError with TF's message, naming the op and the user's line."""
+def run_step(executor: Executor, *batches: tuple[Any, Any]) -> StepResult:
+    """executor.step on one (features, labels) batch, or step_systems on one per system; a batch that a
+    kernel refuses as TF's CPU kernel does (e.g. a label out of range for sparse softmax) raises TF's
+    InvalidArgumentError with TF's message, naming the op and the user's line."""
     try:
-        return executor.step(features, labels)
+        return executor.step(*batches[0]) if len(batches) == 1 else executor.step_systems(batches)
     except KernelInputError as error:
         kernel = error.kernel
         node = f"\n\t [[{{{{node {kernel.tf_name}}}}}]]" if kernel is not None and kernel.tf_name else ""
@@ -585,7 +590,7 @@ def evaluate_on_system(estimator: EstimatorBase, settings: CSSettings, model: Ca
             except StopIteration:
                 _log.info("The input data ended after %d evaluation steps.", len(losses))
                 break
-            outputs = run_step(executor, features, labels).outputs
+            outputs = run_step(executor, (features, labels)).outputs
             host_checks.after_step(outputs)
             losses.append(float(outputs["loss"]))
             host.update(outputs)
@@ -626,7 +631,7 @@ def predict_on_system(estimator: EstimatorBase, settings: CSSettings, model: Cap
     host_checks = HostChecks(program, "prediction")  # the model's assertions and prints, after each step
     with _local_stream(input_fn, estimator.params) as batches:
         for features, _ in batches:
-            outputs = run_step(executor, features).outputs
+            outputs = run_step(executor, (features, None)).outputs
             host_checks.after_step(outputs)
             if single:
                 yield outputs["predictions/output"]

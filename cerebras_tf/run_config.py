@@ -70,7 +70,8 @@ class CSRunConfig(RunConfig):
         amp.set_half_dtype; False or unset keeps amp's process-wide choice);
         num_workers_per_csx=N >= 1 sets num_input_workers; execution_strategy
         chooses pipelined or weight streaming execution (num_csx > 1 only with
-        weight streaming, and only in compile()'s estimate so far); other
+        weight streaming: that many systems train data parallel, each on its
+        own batch; evaluation and prediction run on one); other
         fields are ignored with one ConfigWarning. The
         appliance's CSConfig (cs_config.ApplianceCSConfig, what R1.8's
         run_appliance builds) with no cs_ip selects the simulated CS system
@@ -190,7 +191,7 @@ class CSRunConfig(RunConfig):
 
     @property
     def num_csx(self) -> int:
-        """CS systems asked for (cs_config num_csx, default 1); more than 1 is refused by the config rules."""
+        """CS systems asked for (cs_config num_csx, default 1): more than 1 trains data parallel in weight streaming."""
         return self._num_csx
 
     @property

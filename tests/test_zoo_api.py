@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from cerebras_tf import CSRunConfig, amp, errors, release_system
+from cerebras_tf import CSEstimatorSpec, CSRunConfig, amp, errors, release_system
 from cerebras_tf.tf_helper import GetWeights
 
 CS_IP = "localhost:9000"
@@ -147,16 +147,61 @@ def test_num_workers_per_csx_sets_the_input_workers(tf_config):
 # --------------------------------------------------------------------------- refused settings
 
 
+def _two_systems_vs_one(tmp_path, build_estimator, make_input_fn, cs_config, model_fn=None, steps=4):
+    """Weights after `steps` steps on one system at batch 8 and on two systems at batch 4 each (the same
+    examples in the same order), and each run's estimator."""
+    runs = {}
+    for systems, batch in ((1, 8), (2, 4)):
+        config = CSRunConfig(cs_ip=CS_IP, cs_config={**cs_config, "num_csx": systems}, tf_random_seed=1,
+                             save_checkpoints_steps=None)
+        estimator = build_estimator(str(tmp_path / f"systems{systems}"), model_fn, config=config,
+                                    params={"batch_size": batch})
+        estimator.train(make_input_fn(shuffle=False), max_steps=steps)
+        release_system()
+        runs[systems] = estimator, {name: estimator.get_variable_value(name)
+                                    for name in estimator.get_variable_names()}
+    return runs
+
+
 @pytest.mark.parametrize("cs_config", [
-    {"num_csx": 2, "execution_strategy": "weight_streaming"},
-    CSConfig(num_csx=2, execution_strategy=2),
-], ids=["dict", "protobuf"])
-def test_several_systems_in_weight_streaming_compile_and_are_refused_for_runs_before_anything_is_written(
-        cs_config, make_estimator, make_input_fn, assert_refused):
-    estimator = make_estimator(cs_config=cs_config)
-    assert estimator.compile(make_input_fn(), validate_only=True).validate_only
+    {"execution_strategy": "weight_streaming"},
+    {"execution_strategy": "ES_WEIGHT_STREAMING"},  # CSConfig's enum name
+], ids=["name", "enum_name"])
+def test_two_systems_train_data_parallel_as_one_system_on_the_global_batch(
+        cs_config, tmp_path, tf_config, build_estimator, make_input_fn, float32_numerics, caplog):
+    with caplog.at_level("INFO"):
+        runs = _two_systems_vs_one(tmp_path, build_estimator, make_input_fn, cs_config)
+    (_, w1), (two, w2) = runs[1], runs[2]
+    assert set(w1) == set(w2) and w2["global_step"] == w1["global_step"] == 4
+    for name in w1:  # the mean loss over 2 x 4 examples: the average of the two systems' gradients
+        np.testing.assert_allclose(w2[name], w1[name], rtol=2e-6, atol=1e-7, err_msg=name)
+    assert any("data parallel on 2 simulated systems" in r.getMessage() for r in caplog.records)
+    # the checkpoint is a plain TF checkpoint: CPU evaluates it; on the system, evaluation runs on one system
+    on_cpu = two.evaluate(make_input_fn(shuffle=False, repeat=1), steps=1)
+    on_system = two.evaluate(make_input_fn(shuffle=False, repeat=1), steps=1, use_cs=True)
+    assert on_cpu["global_step"] == on_system["global_step"] == 4
+    np.testing.assert_allclose(on_system["loss"], on_cpu["loss"], rtol=1e-5)
+    assert any("evaluating runs on one system of the simulated cluster" in r.getMessage() for r in caplog.records)
+
+
+def _loss_scaled_learning_rate_model_fn(features, labels, mode, params):
+    """An update that reads the batch's loss beside the gradients: its learning rate."""
+    output = tf.compat.v1.layers.dense(features, 1, name="out",
+                                       kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=3))
+    loss = tf.reduce_mean(tf.square(output - labels))
+    learning_rate = 0.01 * tf.stop_gradient(loss)
+    step = tf.compat.v1.train.get_or_create_global_step()
+    train_op = tf.compat.v1.train.GradientDescentOptimizer(learning_rate).minimize(loss, global_step=step)
+    return CSEstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def test_a_model_whose_update_reads_the_batch_is_refused_on_several_systems_before_anything_is_written(
+        tmp_path, tf_config, build_estimator, make_input_fn, assert_refused):
+    config = CSRunConfig(cs_ip=CS_IP, cs_config={"execution_strategy": "weight_streaming", "num_csx": 2})
+    estimator = build_estimator(str(tmp_path / "model"), _loss_scaled_learning_rate_model_fn, config=config)
     assert_refused(estimator, errors.ConfigError, lambda: estimator.train(make_input_fn(), max_steps=2),
-                   "cs_config num_csx=2: the simulated CS system runs on one system")
+                   "cs_config num_csx=2: the simulated cluster cannot train this model data parallel",
+                   "the optimizer update reads 1 tensor(s) computed from the batch that are not gradients")
 
 
 def test_several_systems_in_pipelined_execution_are_refused_before_anything_is_written(

@@ -3,6 +3,7 @@ streaming model (one layer at a time, weights from MemoryX)."""
 from __future__ import annotations
 
 from cerebras_tf import ir
+from cerebras_tf.errors import ConfigError
 from cerebras_tf.ir import costs
 from cerebras_tf.wse.fabric import Fabric
 from cerebras_tf.wse.placement import LayerCost, PlacementReport, place
@@ -45,7 +46,14 @@ def stream_program(program: ir.Program, fabric: Fabric, num_systems: int = 1) ->
     """Time one weight-streaming step of `program` on `num_systems` systems, each running the program's batch
     (the Model Zoo's batch_size is per system: the global batch is num_systems times it). None for a program
     with no layers. Raises FabricCapacityError when the batch's activations do not fit on the wafer or the
-    weights and optimizer state in MemoryX."""
+    weights and optimizer state in MemoryX, and ConfigError when several systems cannot train the program data
+    parallel (ir.data_parallel_problem)."""
+    problem = ir.data_parallel_problem(program) if num_systems > 1 and program.mode == "train" else None
+    if problem is not None:
+        raise ConfigError(f"cs_config num_csx={num_systems}: the simulated cluster cannot train this model data "
+                          f"parallel: {problem}.",
+                          fix="Train on one system (num_csx=1) over the same global batch, or compute the update "
+                              "from the gradients alone.")
     layers = [LayerCost(**entry) for entry in costs.layer_costs(program)]
     if not layers:
         return None

@@ -32,7 +32,7 @@ from cerebras_tf.ir.program import (
     Variable,
     array_key,
 )
-from cerebras_tf.ir.passes import phases
+from cerebras_tf.ir.passes import data_parallel_problem, phases
 from cerebras_tf.ir.verify import IRError, verify
 from cerebras_tf.ir.vocabulary import DTYPES, HALF, KINDS, READS_VARIABLES, ROLES, VARIABLE_ROLES, WRITES
 
@@ -41,6 +41,7 @@ __all__ = [
     "HOST_CALL_PREFIX",
     "HOST_SUMMARY_KINDS", "IRError", "IR_VERSION", "KINDS", "PRINT_PREFIX", "PRINT_STREAMS", "PROGRAM_FILE",
     "READS_VARIABLES", "ROLES", "SUMMARY_PREFIX", "VARIABLE_ROLES", "WRITES", "Const", "Kernel", "Layer", "Program",
-    "Tensor", "Variable", "array_key", "check_key", "host_call_arguments", "host_call_structure", "input_leaves",
+    "Tensor", "Variable", "array_key", "check_key", "data_parallel_problem",
+    "host_call_arguments", "host_call_structure", "input_leaves",
     "phases", "verify",
 ]

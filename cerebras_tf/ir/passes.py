@@ -65,6 +65,25 @@ def phases(program: Program) -> tuple[list[Kernel], list[Kernel], list[Kernel]]:
     )
 
 
+def data_parallel_problem(program: Program) -> str | None:
+    """Why several systems cannot run `program` data parallel by averaging its gradients, or None: the
+    update (optimizer and global-step phases) reads a tensor other than a gradient that the forward and
+    backward pass computed from the batch, which would differ from system to system (e.g. a model's own
+    loss scaling that checks its gradients before the optimizer phase)."""
+    forward, update, step = phases(program)
+    tainted = set(program.inputs.values())
+    for kernel in forward:
+        if tainted.intersection(kernel.reads):
+            tainted.update(kernel.outputs)
+    read = {t for kernel in update + step for t in kernel.reads}
+    others = sorted((tainted & read) - set(program.gradients))
+    if not others:
+        return None
+    names = ", ".join(program.tensors[t].name for t in others[:3]) + (", ..." if len(others) > 3 else "")
+    return (f"the optimizer update reads {len(others)} tensor(s) computed from the batch that are not "
+            f"gradients ({names}): several systems would each have their own")
+
+
 def layers(program: Program) -> list[Layer]:
     """Group kernels by user layer (setting each `Kernel.layer`): the variable scope of the trainable
     variables they use or are named in.

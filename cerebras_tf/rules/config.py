@@ -96,21 +96,6 @@ def check_cs_config(settings: CSSettings) -> list[CerebrasError]:
     return []
 
 
-def check_systems_for_run(settings: CSSettings) -> list[CerebrasError]:
-    """A run (train/evaluate/predict) on the simulated system uses one system; compile() estimates several
-    in weight streaming (several in pipelined execution are refused by check_cs_config, for compile() too)."""
-    systems = settings.num_csx
-    if systems > 1 and settings.execution_strategy == WEIGHT_STREAMING:
-        return [ConfigError(
-            f"cs_config num_csx={systems}: the simulated CS system runs on one system; training, evaluation and "
-            "prediction across several simulated systems are not there yet (compile() lays the model out and "
-            f"estimates it on {systems} systems).",
-            where=settings.created_at,
-            fix="Set num_csx=1 for runs on the simulated system (weight streaming computes the same numbers on one "
-                "system); keep num_csx for compile() to see the estimate.")]
-    return []
-
-
 def check_tf_config(settings: CSSettings) -> list[CerebrasError]:
     """A CS training run needs a valid TF_CONFIG naming the chief (and any input workers, as many as
     num_input_workers asks for). CSSettings parsed it once when the run started; this reports what it found.

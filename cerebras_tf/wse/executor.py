@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -96,6 +96,24 @@ class _Planned:
         if self.tail is None:
             return self.kernel.outputs
         return [self.tail.outputs[0], *self.kernel.outputs[1:]]
+
+
+def _average(arrays: list[np.ndarray]) -> np.ndarray:
+    """The mean of the systems' arrays (float), in system order; a non-float array is the first system's."""
+    first = arrays[0]
+    if not np.issubdtype(first.dtype, np.floating):
+        return first
+    total = np.array(first, dtype=np.float32 if first.dtype.itemsize < 4 else first.dtype, copy=True)
+    for array in arrays[1:]:
+        total += array
+    return (total / len(arrays)).astype(first.dtype, copy=False)
+
+
+def _combine(arrays: list[np.ndarray]) -> np.ndarray:
+    """One output of several systems: float scalars averaged, anything else the first system's (the host's
+    summary and host_call graphs take one system's shapes)."""
+    first = np.asarray(arrays[0])
+    return _average([np.asarray(a) for a in arrays]) if first.ndim == 0 else first
 
 
 def _read_shared(inputs: list[np.ndarray], attrs: Mapping, ctx: KernelContext) -> list[np.ndarray]:
@@ -168,6 +186,62 @@ class Executor:
                     self.grad_scaler.update(finite)
             self._run(self._plans[2], values, step, scale)
         outputs = {key: values[tid] for key, tid in self.program.outputs.items()}
+        return StepResult(outputs=outputs, finite=finite, loss_scale=scale)
+
+    def step_systems(self, batches: Sequence[tuple[Any, Any]]) -> StepResult:
+        """Run one data-parallel step on ``len(batches)`` systems, each on its own (features, labels) batch.
+
+        As SwarmX does: every system runs the forward and backward pass from
+        the same weights on its batch (phase 1); their gradients are averaged
+        (the sum of each system's gradients of its loss divided by the number
+        of systems, as R1.8's appliance scales the loss), then loss scaling and
+        the one optimizer update run on the average (phases 2 and 3). A model
+        whose loss is a mean over its batch so takes the step one system would
+        take on all the batches together. State the forward pass updates
+        (batch-norm moving averages) is averaged over the systems too. The
+        outputs: each system's float scalars (the loss, scalar summaries)
+        averaged, any other tensor the first system's (the host's summary and
+        host_call graphs take one system's batch).
+
+        Raises ValueError (see `ir.data_parallel_problem`) for a program the
+        average does not cover.
+        """
+        if len(batches) == 1:
+            return self.step(*batches[0])
+        problem = ir.data_parallel_problem(self.program)
+        if problem is not None:
+            raise ValueError(problem)
+        step = self.global_step
+        scale = self.grad_scaler.scale if self.grad_scaler is not None else None
+        written = sorted({name for p in self._plans[0] if p.writes for name in p.kernel.vars})
+        before = {name: self._variables[name].copy() for name in written}
+        runs: list[dict[int, np.ndarray]] = []
+        after: list[dict[str, np.ndarray]] = []
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            for features, labels in batches:
+                for name in written:  # every system starts from the same state
+                    self._variables[name][...] = before[name]
+                values: dict[int, np.ndarray] = dict(self._constants)
+                values.update(self._bind_inputs(features, labels))
+                self._run(self._plans[0], values, step, scale)
+                runs.append(values)
+                after.append({name: self._variables[name].copy() for name in written})
+            for name in written:
+                self._variables[name][...] = _average([state[name] for state in after])
+            values = dict(runs[0])
+            for tid in self.program.gradients:
+                values[tid] = _average([run[tid] for run in runs])
+            finite = True
+            if self._plans[1]:
+                finite = self._unscale_and_check(values)
+                self._run(self._plans[1], values, step, scale, skip_writes=not finite)
+                if self.grad_scaler is not None:
+                    self.grad_scaler.update(finite)
+            self._run(self._plans[2], values, step, scale)
+        outputs = {}
+        for key, tid in self.program.outputs.items():
+            produced_later = tid not in runs[1]  # by the optimizer or global-step phase: computed once
+            outputs[key] = values[tid] if produced_later else _combine([run[tid] for run in runs])
         return StepResult(outputs=outputs, finite=finite, loss_scale=scale)
 
     # ---- internals ----------------------------------------------------------------

@@ -117,9 +117,7 @@ def test_cpu_runs_of_an_appliance_config_stay_plain_tensorflow(model_dir, build_
 
 
 @pytest.mark.parametrize("fields, fragment", [
-    ({"num_csx": 2}, "num_csx=2"),
-    ({"execution_strategy": ExecutionStrategy.ES_WEIGHT_STREAMING, "num_csx": 2},
-     "num_csx=2: the simulated CS system runs on one system"),
+    ({"num_csx": 2}, "num_csx=2 asks for 2 CS systems in pipelined execution"),
 ])
 def test_what_the_simulated_system_cannot_do_is_refused_before_anything_is_written(
         fields, fragment, model_dir, build_estimator, make_input_fn, assert_refused):
