@@ -823,12 +823,13 @@ MODELS: dict[str, ModelSpec] = {
 class Release:
     name: str
     flavour: str  # cerebras_tf.csoft flavour
+    csx: tuple[str, ...] = ("pipeline",)  # R1.8's CSX arguments (--weight-streaming: weight_streaming --num_csx N)
 
     def args(self, phase: str, params: Path, model_dir: Path, steps: int) -> list[str]:
         """The run.py arguments of `phase` (the flags of R1.8's cli_parser, or of R1.6/R1.7's run.py)."""
         common = ["--params", str(params), "--model_dir", str(model_dir)]
         if self.flavour == "appliance":
-            csx = ["CSX", "pipeline", "--mode", "train", *common]  # pipeline: some models list weight_streaming first
+            csx = ["CSX", *self.csx, "--mode", "train", *common]  # pipeline: some models list weight_streaming first
             return {
                 "cpu_train": ["CPU", "--mode", "train", *common, "--max_steps", str(steps)],
                 "validate": [*csx, "--validate_only"],
@@ -1086,12 +1087,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=4, help="training steps (default 4)")
     parser.add_argument("--keep-going", action=argparse.BooleanOptionalAction, default=True,
                         help="run the other models after a failure (default); --no-keep-going stops at the first")
+    parser.add_argument("--weight-streaming", type=int, default=0, metavar="NUM_CSX",
+                        help="R1.8: run the CSX phases as `CSX weight_streaming --num_csx NUM_CSX` (default: pipeline)")
     parser.add_argument("--tf-compat", action=argparse.BooleanOptionalAction, default=True,
                         help="serve the TF 2.2 module paths and Layer attributes the zoo's code uses (default)")
     args = parser.parse_args(argv)
 
     zoo = args.zoo.resolve()
     release = detect_release(zoo)
+    if args.weight_streaming:
+        if release.flavour != "appliance":
+            parser.error("--weight-streaming is R1.8's CSX weight_streaming (an appliance-flow checkout)")
+        release = dataclasses.replace(release, name=f"{release.name}, CSX weight_streaming x{args.weight_streaming}",
+                                      csx=("weight_streaming", "--num_csx", str(args.weight_streaming)))
     phases = [phase for phase in PHASES if phase in args.phases]  # always in pipeline order
     work = (args.work or Path(tempfile.mkdtemp(prefix="zoo_runs_"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
