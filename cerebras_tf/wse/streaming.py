@@ -299,9 +299,11 @@ def stream(layers: Sequence[LayerCost] | Iterable[LayerCost], fabric: Fabric, *,
     stream_bound = [t.name for t in timings if t.bound == "weight_streaming"]
     if stream_bound:
         shown = ", ".join(repr(name) for name in stream_bound[:3]) + (", ..." if len(stream_bound) > 3 else "")
+        per_pass = f"{micro_batch:,} samples per pass" if micro_batches > 1 else f"{per_system:,} samples per system"
         notes.append(f"{len(stream_bound)} of {len(timings)} layers ({shown}) wait for their weights: with "
-                     f"{per_system:,} samples per system they compute for less time than their weights take to "
-                     "stream; a larger batch per system hides it")
+                     f"{per_pass} they compute for less time than their weights take to stream; a larger batch "
+                     "per " + ("pass (more systems, or a smaller stash per sample)" if micro_batches > 1
+                               else "system") + " hides it")
     if plan.recompute:
         notes.append(f"the stash of {micro_batch:,} samples does not fit on the wafer: the wafer keeps the inputs "
                      f"of {plan.checkpoints} checkpoint layers and recomputes each segment's activations in its "

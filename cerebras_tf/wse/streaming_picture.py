@@ -40,18 +40,32 @@ def render_streaming_png(report: "StreamingReport", *, dpi: int = 110) -> bytes:
     ax.barh([y - 0.2 for y in ys], compute, height=0.4, color="#4878d0", label="compute (whole wafer, the batch)")
     ax.barh([y + 0.2 for y in ys], stream, height=0.4, color="#ee854a", label="weights streaming in (+ gradients out)")
     ax.set_yticks(ys)
-    ax.set_yticklabels([f"{t.index} {t.name}" for t in layers], fontsize=6)
+    ax.set_yticklabels([f"{t.index} {_short(t.name)}" for t in layers], fontsize=6)
     ax.invert_yaxis()
     ax.set_xlabel("ms per step (each pass takes the slower of its two bars)", fontsize=8)
     ax.tick_params(axis="x", labelsize=7)
-    shown = "" if rows == len(report.layers) else f" (the {rows} slowest of {len(report.layers)} layers)"
     systems = f"{report.num_systems} systems" if report.num_systems > 1 else "1 system"
+    details = [f"{report.batch_per_system:,} samples per system"]
+    if report.recompute:
+        details.append(f"recomputed from {report.checkpoints} checkpoints")
+    if report.micro_batches > 1:
+        details.append(f"{report.micro_batches} micro-batches")
+    if rows != len(report.layers):
+        details.append(f"the {rows} slowest of {len(report.layers)} layers")
     ax.set_title(f"Weight streaming on {systems} x {report.fabric.name}: {fmt_rate(report.estimated_samples_per_sec)} "
-                 f"samples/s, limited by {report.limiting_bound}{shown}", fontsize=8)
+                 f"samples/s, limited by {report.limiting_bound}\n{', '.join(details)}", fontsize=8)
     ax.legend(fontsize=7, loc="lower right")
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi)
     return buffer.getvalue()
+
+
+_LABEL_CHARS = 44
+
+
+def _short(name: str) -> str:
+    """A layer name that fits the picture's margin: its end, where the scopes differ."""
+    return name if len(name) <= _LABEL_CHARS else "..." + name[-(_LABEL_CHARS - 3):]
 
 
 def write_streaming_png(report: "StreamingReport", path: str | os.PathLike, **kwargs: Any) -> bytes:
