@@ -9,17 +9,19 @@ redirects its data paths to a small synthetic data set written in the model's
 own on-disk format at the config's real sequence length and vocabulary size
 (a handful of examples: only compile runs). It then runs the zoo's own run.py
 with a full compile, `--compile_only`, in a subprocess through
-`python -m cerebras_tf.csoft` (R1.6/R1.7: the container flavour,
-`--cs_ip localhost`; R1.8: the appliance flavour, `CSX pipeline` or, for a
-config written for weight streaming, `CSX weight_streaming`), one config at a
-time, and measures the child's wall time and peak RSS (os.wait4's rusage).
+`python -m cerebras_tf.csoft` with `--cs_ip localhost` for R1.6/R1.7 (the
+container flavour, or for a config written for weight streaming the
+weight_streaming flavour: the Cerebras weight-streaming container's names,
+`tfwse` and `cerebras.tf.ws.cs_estimator_ws`, so the zoo's own switch,
+run_utils.get_execution_mode, takes its weight-streaming path) and for R1.8
+the appliance flavour, `CSX pipeline` or, for a config written for weight
+streaming, `CSX weight_streaming`; one config at a time, measuring the
+child's wall time and peak RSS (os.wait4's rusage).
 
 Per config it reports the mode the config was written for (weight streaming
 when its name has `_ws`, it is GPT-3 or GPT-J, or its runconfig says
 `execution_strategy: weight_streaming`; else pipeline), the mode the compile
-laid it out in (R1.6/R1.7's run.py cannot ask for weight streaming here: R1.6's
-TF code has no such path and R1.7's needs `tfwse`, which is not served, so
-their configs compile pipelined), and the outcome:
+laid it out in (from the compile's report), and the outcome:
   fits     the compile's estimate (samples/s, limiting bound) and the memory it
            uses on the wafer against the WSE-2's (the artifact's report.json:
            cs_compile/train/report.json in the model dir), the parameters
@@ -500,6 +502,14 @@ def prepare(config: Config, zoo: Path, work: Path, pythonpath: Sequence[str]) ->
     return setup, path, params, note
 
 
+def release_for(release: Release, mode: str) -> Release:
+    """The release as a config of `mode` runs: R1.6/R1.7's weight-streaming configs in the weight_streaming
+    flavour (the weight-streaming container, where the zoo takes its weight-streaming path), the rest as is."""
+    if release.flavour == "container" and mode == "weight_streaming":
+        return dataclasses.replace(release, flavour="weight_streaming")
+    return release
+
+
 def compile_args(release: Release, mode: str, params: Path, model_dir: Path) -> list[str]:
     """zoo_runs' compile arguments; R1.8 compiles a config written for weight streaming with
     `CSX weight_streaming`, as its README says to run it."""
@@ -611,6 +621,7 @@ def run_config(config: Config, release: Release, zoo: Path, work: Path, pythonpa
         return result
     model_dir = setup.work / "model_cs"
     log = setup.work / "compile.log"
+    release = release_for(release, mode)
     env, tf_config = zoo_runs.phase_environment(release, "compile", setup)
     command = zoo_runs.csoft_command(release, config.run_py, compile_args(release, mode, params_path, model_dir))
     log.write_text(f"# cwd: {setup.model_src}\n# TF_CONFIG: {tf_config}\n# {' '.join(command)}\n")

@@ -848,7 +848,7 @@ class Release:
 
     def tf_config(self, phase: str) -> str | None:
         """TF_CONFIG for the phase: a lone chief for a container CS training run (see the module docstring)."""
-        return LONE_CHIEF if self.flavour == "container" and phase == "cs_train" else None
+        return LONE_CHIEF if self.flavour in ("container", "weight_streaming") and phase == "cs_train" else None
 
 
 def detect_release(zoo: Path) -> Release:

@@ -137,8 +137,8 @@ def execution_strategy(fields: Mapping[str, Any]) -> str:
     if strategy is None:
         raise ConfigValueError(
             f"CSRunConfig(cs_config={{'execution_strategy': {value!r}}}): unknown execution strategy.",
-            fix=f"Use '{PIPELINE}' (ES_PIPELINE) for models that fit on the wafer, or '{WEIGHT_STREAMING}' "
-                "(ES_WEIGHT_STREAMING) for larger ones.")
+            fix=f"Use '{PIPELINE}' (ES_PIPELINE) or '{WEIGHT_STREAMING}' (ES_WEIGHT_STREAMING), or leave it out for "
+                "the estimator's default (pipeline; weight streaming for the weight-streaming stack's estimator).")
     return strategy
 
 

@@ -51,6 +51,10 @@ class CerebrasEstimator(EstimatorBase):
       warm_start_from: as for tf.estimator.Estimator.
     """
 
+    # Whether this estimator is the Cerebras weight-streaming container's (weight streaming unless cs_config
+    # says otherwise; see CSSettings.weight_streaming_stack and cerebras_tf.csoft.cs_estimator_ws).
+    _WEIGHT_STREAMING_STACK = False
+
     def __init__(
         self,
         model_fn: Callable[..., Any],
@@ -86,7 +90,8 @@ class CerebrasEstimator(EstimatorBase):
 
     def _settings(self) -> CSSettings:
         """This call's settings: the config and the environment as they are now."""
-        return CSSettings.resolve(self.config, estimator_created_at=self._created_at)
+        return CSSettings.resolve(self.config, estimator_created_at=self._created_at,
+                                  weight_streaming_stack=self._WEIGHT_STREAMING_STACK)
 
     def _use_cs_ignored(self, call: str, use_cs: bool, settings: CSSettings) -> None:
         """One log line when use_cs=True cannot be honoured because the config has no cs_ip."""

@@ -83,7 +83,8 @@ def precheck(
     assert model is not None
     if not settings.summaries:
         _skip_summaries(model)
-    problems += rules.spec.check_spec(model.spec, mode, model_fn, appliance=settings.appliance)
+    problems += rules.spec.check_spec(model.spec, mode, model_fn,
+                                      host_runs_eval_metric_ops=settings.host_runs_eval_metric_ops)
     problems += _dataset_problems(captured_input, settings)  # after model_fn, so op ids match plain TF
     raise_problems(problems)
     return model

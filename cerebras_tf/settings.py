@@ -29,7 +29,7 @@ from typing import Any, Iterator, Mapping
 from tensorflow.python.eager import context
 
 from cerebras_tf.cluster import Cluster, InputPlan, parse_tf_config, plan_input_workers
-from cerebras_tf.cs_config import PIPELINE
+from cerebras_tf.cs_config import PIPELINE, WEIGHT_STREAMING
 from cerebras_tf.errors import ConfigError
 from cerebras_tf.run_config import DEFAULT_INPUT_WORKER_TIMEOUT_SECS, CSRunConfig
 from cerebras_tf.wse.fabric import WSE2, Fabric
@@ -99,8 +99,12 @@ class CSSettings:
       fabric: the wafer the compiler places the model on.
       half_dtype: "cbfloat16" with cs_config use_cbfloat16=True, else None: amp's half
         dtype when the executor is created.
-      num_csx, execution_strategy: cs_config's (1, "pipeline" by default); others are
-        refused by rules.config.
+      num_csx, execution_strategy: cs_config's (1 by default; others are refused by rules.config). A
+        cs_config without execution_strategy runs in the estimator's stack's default: "pipeline", or
+        "weight_streaming" for the weight-streaming stack's estimator.
+      weight_streaming_stack: the estimator is the Cerebras weight-streaming container's
+        (cerebras_tf.csoft.cs_estimator_ws, what the Model Zoo's R1.6/R1.7 weight-streaming path imports):
+        weight streaming unless cs_config says otherwise, and its evaluations take eval_metric_ops.
       input_workers: where a training run's input comes from.
       summaries: whether the run computes model_fn's summaries on the system (False inside the Cerebras
         stack's cs1_disable_summaries(); see summaries_on_system).
@@ -129,6 +133,7 @@ class CSSettings:
     half_dtype: str | None
     num_csx: int
     execution_strategy: str
+    weight_streaming_stack: bool
     input_workers: InputWorkerSettings
     summaries: bool
     tf_random_seed: int | None
@@ -158,13 +163,22 @@ class CSSettings:
             return self.cs_ip
         return (self.mgmt_address or APPLIANCE) if self.appliance else None
 
+    @property
+    def host_runs_eval_metric_ops(self) -> bool:
+        """Whether an evaluation on the system takes model_fn's own eval_metric_ops (the host runs them over
+        tensors the program streams): an appliance's (R1.8), and the weight-streaming stack's, as the Model
+        Zoo's weight-streaming path returns them (R1.6/R1.7's GPT-2 and GPT-J). Elsewhere host_call does."""
+        return self.appliance or self.weight_streaming_stack
+
     @classmethod
     def resolve(cls, config: RunConfig, environ: Mapping[str, str] = os.environ,
-                estimator_created_at: str | None = None) -> "CSSettings":
+                estimator_created_at: str | None = None, weight_streaming_stack: bool = False) -> "CSSettings":
         """Read `config` (a CSRunConfig, or a plain RunConfig: CS defaults) and TF_CONFIG from `environ` once.
 
         `estimator_created_at` ('file:line' where the estimator was built) is where errors about a plain
         RunConfig point: where it was built is not known, but it was handed to the estimator there.
+        `weight_streaming_stack`: the estimator is the weight-streaming stack's (see the attribute); an
+        execution_strategy the cs_config sets wins over that stack's default.
         """
         cs = config if isinstance(config, CSRunConfig) else None
         tf_config = environ.get("TF_CONFIG") or None
@@ -181,7 +195,8 @@ class CSSettings:
             fabric=cs.fabric if cs else WSE2,
             half_dtype=cs.half_dtype if cs else None,
             num_csx=cs.num_csx if cs else 1,
-            execution_strategy=cs.execution_strategy if cs else PIPELINE,
+            execution_strategy=_execution_strategy(cs, WEIGHT_STREAMING if weight_streaming_stack else PIPELINE),
+            weight_streaming_stack=weight_streaming_stack,
             input_workers=input_workers,
             summaries=_SUMMARIES_ON_SYSTEM[-1] if _SUMMARIES_ON_SYSTEM else True,
             tf_random_seed=config.tf_random_seed,
@@ -197,6 +212,11 @@ class CSSettings:
             tf_config_error=tf_config_error,
             input_workers_error=input_workers_error,
         )
+
+
+def _execution_strategy(cs: CSRunConfig | None, default: str) -> str:
+    """The cs_config's execution strategy when it sets one, else `default` (the estimator's stack's)."""
+    return cs.execution_strategy if cs is not None and "execution_strategy" in cs.cs_config else default
 
 
 def _input_workers(cs: CSRunConfig | None, tf_config: str | None

@@ -62,7 +62,8 @@ def program_outputs(model: CapturedModel) -> ProgramOutputs:
     PREDICT: "predictions/<key>". TRAIN and EVAL: "loss", one "host_call/<path>"
     per tensor leaf of host_call's (nested) tensors (the rules checked its
     structure), in EVAL "eval_metric_input/<i>" for the tensors eval_metric_ops
-    read (only an appliance's evaluation gets that far with them: see
+    read (only an evaluation whose stack takes them, an appliance's or the
+    weight-streaming stack's, gets that far with them: see
     eval_metric_inputs), and in TRAIN "summary/<tag>" for each scalar or
     histogram tf.compat.v1 summary made in model_fn (written by the host).
     """
@@ -82,7 +83,7 @@ def program_outputs(model: CapturedModel) -> ProgramOutputs:
     if host_call is not None:
         structure, leaves, _ = ir.host_call_structure(host_call[1], lambda x: isinstance(x, tf.Tensor))
         outputs.update(leaves)
-    if mode == ModeKeys.EVAL and spec.eval_metric_ops:  # an appliance's evaluation: the host runs the metric ops
+    if mode == ModeKeys.EVAL and spec.eval_metric_ops:  # the host runs the metric ops (see above)
         inputs = eval_metric_inputs(model.graph, spec.eval_metric_ops)
         outputs.update({f"{ir.EVAL_METRIC_INPUT_PREFIX}/{i}": tensor for i, tensor in enumerate(inputs)})
     kinds: dict[str, str] = {}

@@ -1,6 +1,9 @@
 """``python -m cerebras_tf.csoft FLAVOUR SCRIPT [ARGS...]``: run a Model Zoo script with the Cerebras names served.
 
-FLAVOUR is ``container`` (R1.6/R1.7 scripts run with ``--cs_ip``) or
+FLAVOUR is ``container`` (R1.6/R1.7 scripts run with ``--cs_ip``),
+``weight_streaming`` (R1.6/R1.7's weight-streaming configs, GPT-2 ``*_ws``,
+GPT-3 and GPT-J, run with ``--cs_ip``: the Cerebras weight-streaming
+container's names, so the zoo takes its weight-streaming path) or
 ``appliance`` (R1.8's ``run.py CSX pipeline ...``); see
 :mod:`cerebras_tf.csoft.names`. The script runs as ``python SCRIPT ARGS...``
 would run it: as ``__main__``, with its directory first on sys.path and
@@ -18,8 +21,8 @@ import sys
 from cerebras_tf.csoft.names import FLAVOURS, RELEASES, install
 from cerebras_tf.errors import CerebrasError
 
-USAGE = ("usage: python -m cerebras_tf.csoft {container|appliance} SCRIPT [ARGS...]\n"
-         + "".join(f"  {flavour:<10} the Cerebras names of {RELEASES[flavour]}\n" for flavour in FLAVOURS))
+USAGE = (f"usage: python -m cerebras_tf.csoft {{{'|'.join(FLAVOURS)}}} SCRIPT [ARGS...]\n"
+         + "".join(f"  {flavour:<17} the Cerebras names of {RELEASES[flavour]}\n" for flavour in FLAVOURS))
 
 
 def main(argv: list[str]) -> int:

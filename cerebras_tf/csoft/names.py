@@ -1,10 +1,21 @@
 """The opt-in step that makes the Cerebras package names of the Model Zoo (R1.6-R1.8) import cerebras-tf.
 
-The zoo's scripts import the Cerebras software under one of two sets of
-names, and pick their code path by which set imports:
+The zoo's scripts import the Cerebras software under the names of one of
+three installations (flavours here), and pick their code path by which names
+import:
 
 - ``container`` (R1.6, R1.7 with ``--cs_ip``): ``cerebras.framework``,
   ``cerebras.tf.*`` and ``cerebras.pb.*``, as in the Cerebras container.
+- ``weight_streaming`` (R1.6, R1.7's weight-streaming configs with
+  ``--cs_ip``: GPT-2 ``*_ws``, GPT-3, GPT-J): the container's names plus
+  ``tfwse`` (empty: the zoo only imports it) and
+  ``cerebras.tf.ws.cs_estimator_ws.CerebrasEstimator``, as in the Cerebras
+  weight-streaming container. The zoo's ``get_execution_mode()`` then says
+  WeightStreaming and its estimator wrapper subclasses that estimator
+  (:mod:`cerebras_tf.csoft.cs_estimator_ws`: weight streaming unless
+  cs_config's execution_strategy says otherwise). ``cerebras.tf.cs_estimator``
+  stays the pipelined stack's estimator, as the zoo's switch implies the
+  container had both.
 - ``appliance`` (R1.8's ``run_appliance``, ``python run.py CSX pipeline``):
   ``cerebras_appliance.*`` and ``cerebras_tensorflow.*``, as the appliance
   wheel installs them. R1.8 refuses to run where ``cerebras.framework``
@@ -50,17 +61,24 @@ def _protos(prefix: str, layout: Mapping[str, str]) -> dict[str, Target]:
 _PB_LAYOUT = {"common.tri_state": "tri_state", "common.cerebras_type": "cerebras_type",
               "stack.autogen": "autogen", "stack.full": "full"}
 
+_CONTAINER: dict[str, Target] = {
+    "cerebras.framework": {},
+    "cerebras.tf.cs_estimator": {"CerebrasEstimator": _ESTIMATOR},
+    "cerebras.tf.run_config": {"CSRunConfig": _RUN_CONFIG},
+    "cerebras.tf.cs_estimator_spec": _SPEC,
+    "cerebras.tf.tf_helper": "cerebras_tf.tf_helper",
+    "cerebras.tf.summary": "cerebras_tf.csoft.summary",
+    "cerebras.tf.host_call": "cerebras_tf.csoft.host_call",
+    "cerebras.pb.tf.csconfig_pb2": ("pb2", "csconfig"),
+    **_protos("cerebras.pb", _PB_LAYOUT),
+}
+
 FLAVOURS: dict[str, dict[str, Target]] = {
-    "container": {
-        "cerebras.framework": {},
-        "cerebras.tf.cs_estimator": {"CerebrasEstimator": _ESTIMATOR},
-        "cerebras.tf.run_config": {"CSRunConfig": _RUN_CONFIG},
-        "cerebras.tf.cs_estimator_spec": _SPEC,
-        "cerebras.tf.tf_helper": "cerebras_tf.tf_helper",
-        "cerebras.tf.summary": "cerebras_tf.csoft.summary",
-        "cerebras.tf.host_call": "cerebras_tf.csoft.host_call",
-        "cerebras.pb.tf.csconfig_pb2": ("pb2", "csconfig"),
-        **_protos("cerebras.pb", _PB_LAYOUT),
+    "container": _CONTAINER,
+    "weight_streaming": {
+        **_CONTAINER,
+        "tfwse": {},  # the zoo's canary for the weight-streaming container: imported, never used
+        "cerebras.tf.ws.cs_estimator_ws": {"CerebrasEstimator": "cerebras_tf.csoft.cs_estimator_ws:CerebrasEstimator"},
     },
     "appliance": {
         "cerebras_appliance.CSConfig": {"CSConfig": "cerebras_tf.cs_config:ApplianceCSConfig"},
@@ -81,7 +99,9 @@ FLAVOURS: dict[str, dict[str, Target]] = {
 }
 
 # The releases whose scripts each flavour runs, for messages.
-RELEASES = {"container": "R1.6 and R1.7 with --cs_ip", "appliance": "R1.8 (run_appliance: run.py CSX pipeline)"}
+RELEASES = {"container": "R1.6 and R1.7 with --cs_ip",
+            "weight_streaming": "R1.6 and R1.7's weight-streaming configs (GPT-2 *_ws, GPT-3, GPT-J) with --cs_ip",
+            "appliance": "R1.8 (run_appliance: run.py CSX pipeline)"}
 
 
 class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -124,17 +144,20 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def install(flavour: str) -> None:
-    """Serve the Cerebras module names of `flavour` ("container" or "appliance") from cerebras-tf.
+    """Serve the Cerebras module names of `flavour` ("container", "weight_streaming" or "appliance") from
+    cerebras-tf.
 
-    Idempotent; installing the other flavour replaces this one (modules
+    Idempotent; installing another flavour replaces this one (modules
     already imported stay). A flavour whose top-level package (``cerebras``,
-    ``cerebras_appliance``/``cerebras_tensorflow``) is really installed is not
-    served: a ConfigWarning names it, and the real package is used.
+    ``tfwse``, ``cerebras_appliance``/``cerebras_tensorflow``) is really
+    installed is not served: a ConfigWarning names it, and the real package
+    is used.
     """
     if flavour not in FLAVOURS:
         raise ConfigError(
             f"Unknown Cerebras software flavour {flavour!r}.",
-            fix="Use 'container' for Model Zoo R1.6/R1.7 scripts run with --cs_ip, or 'appliance' for R1.8's "
+            fix="Use 'container' for Model Zoo R1.6/R1.7 scripts run with --cs_ip, 'weight_streaming' for their "
+                "weight-streaming configs (GPT-2 *_ws, GPT-3, GPT-J) with --cs_ip, or 'appliance' for R1.8's "
                 "run_appliance scripts (python run.py CSX pipeline ...).")
     current = _installed()
     if current is not None and current.flavour == flavour:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 HOST_CALL_PREFIX = "host_call"
-# The tensors an EVAL program's eval_metric_ops read from the model (an appliance's evaluation: the host runs
-# the metric ops over them): "eval_metric_input/<i>".
+# The tensors an EVAL program's eval_metric_ops read from the model (an appliance's or the weight-streaming
+# stack's evaluation: the host runs the metric ops over them): "eval_metric_input/<i>".
 EVAL_METRIC_INPUT_PREFIX = "eval_metric_input"
 SUMMARY_PREFIX = "summary"
 # The summary kinds computed on the wafer as outputs "summary/<tag>" and written by the host.

@@ -100,18 +100,19 @@ def model_fn_spec_error(error: BaseException, mode: str, model_fn: Callable[...,
                          where=error_location(error) or function_location(model_fn), fix=fix)]
 
 
-def check_spec(spec: EstimatorSpec, mode: str, model_fn: Callable[..., Any], appliance: bool = False
-               ) -> list[CerebrasError]:
+def check_spec(spec: EstimatorSpec, mode: str, model_fn: Callable[..., Any],
+               host_runs_eval_metric_ops: bool = False) -> list[CerebrasError]:
     """No eval_metric_ops, no spec-level hooks and a host_call the system can stream (check_host_call).
 
     eval_metric_ops are reported where the model_fn built the first of them (its ops record the line);
     hooks and host_call problems, Python objects TF records nothing about, at `def model_fn`. An
-    appliance's evaluation (R1.8's CSX runs, `appliance`) takes eval_metric_ops, as the appliance did: the
-    host runs them over the tensors they read, which the program streams.
+    evaluation whose stack takes eval_metric_ops (`host_runs_eval_metric_ops`: an appliance's, R1.8's CSX
+    runs, and the weight-streaming container's; see CSSettings) takes them, as those stacks did: the host
+    runs them over the tensors they read, which the program streams.
     """
     where = function_location(model_fn)
     problems: list[CerebrasError] = []
-    if spec.eval_metric_ops and not (appliance and mode == ModeKeys.EVAL):
+    if spec.eval_metric_ops and not (host_runs_eval_metric_ops and mode == ModeKeys.EVAL):
         run = "training" if mode == ModeKeys.TRAIN else "evaluation"
         metrics = spec.eval_metric_ops
         problems.append(

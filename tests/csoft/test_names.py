@@ -83,10 +83,10 @@ def test_switching_flavours_forgets_the_other_names():
     assert "cerebras.framework" not in sys.modules and not _importable("cerebras.framework")
 
 
-def test_an_unknown_flavour_names_the_two_there_are():
+def test_an_unknown_flavour_names_the_three_there_are():
     with pytest.raises(ConfigError, match="Unknown Cerebras software flavour 'R1.8'") as caught:
         names.install("R1.8")
-    assert "'container'" in caught.value.fix and "'appliance'" in caught.value.fix
+    assert all(f"'{flavour}'" in caught.value.fix for flavour in ("container", "weight_streaming", "appliance"))
     assert names.installed_flavour() is None
 
 

@@ -1,6 +1,7 @@
 """Zoo-style run scripts, unchanged, through `python -m cerebras_tf.csoft`: R1.8's appliance flow in graph mode
 (CSX pipeline training on the simulated system, CPU evaluation, weight streaming refused) and R1.7's container
-flow with --cs_ip. The script is tests/csoft/zoo_like_run.py (written here, in the zoo's shape)."""
+flow with --cs_ip, pipelined and in the weight-streaming container. The script is tests/csoft/zoo_like_run.py
+(written here, in the zoo's shape)."""
 from __future__ import annotations
 
 import ast
@@ -75,3 +76,19 @@ def test_r17_container_flow_with_a_cs_ip(tmp_path):
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert "Training on the simulated CS system 'localhost:9000'" in trained.stderr
     assert tf.train.latest_checkpoint(model_dir).endswith("model.ckpt-4")
+
+
+def test_r17_weight_streaming_container_flow_with_a_cs_ip(tmp_path):
+    """The weight_streaming flavour: the script finds tfwse and the weight-streaming estimator, trains in weight
+    streaming with --cs_ip and evaluates its eval_metric_ops on the simulated system."""
+    model_dir = str(tmp_path / "model")
+    trained = _run("weight_streaming", "--cs_ip", "localhost:9000", "--model_dir", model_dir, "--max_steps", "4",
+                   eager=True, tf_config=LONE_CHIEF)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert "Training on the simulated CS system 'localhost:9000'" in trained.stderr
+    assert re.search(r"Estimated [\d,]+ samples/s on WSE-2 \(weight streaming, 1 system; limited by",
+                     trained.stderr), trained.stderr[-3000:]
+    assert tf.train.latest_checkpoint(model_dir).endswith("model.ckpt-4")
+    evaluated = _eval_metrics(_run("weight_streaming", "--cs_ip", "localhost:9000", "--model_dir", model_dir,
+                                   "--mode", "eval", eager=True, tf_config=LONE_CHIEF))
+    assert evaluated["global_step"] == 4.0 and evaluated["eval/mse"] >= 0.0

@@ -3,8 +3,11 @@
 It is not the zoo's code; it does what the zoo's run.py and its common code
 do, in the same shape: disables eager execution first (R1.8), picks the
 Cerebras code path by which package names import (``cerebras.framework``:
-the container, ``cerebras.tf.*``; else ``cerebras_appliance``: the appliance,
-``cerebras_tensorflow.*``), wraps the stack's CSRunConfig and estimator in
+the container, ``cerebras.tf.*``, and where ``tfwse`` imports too the
+weight-streaming container's estimator, ``cerebras.tf.ws.cs_estimator_ws``,
+whose evaluation returns eval_metric_ops and whose train gets
+``sparsifier=None``, as R1.7's GPT-2 does; else ``cerebras_appliance``: the
+appliance, ``cerebras_tensorflow.*``), wraps the stack's CSRunConfig and estimator in
 subclasses, builds the stack's CSConfig (the container's message from
 params["csconfig"]; the appliance's with cluster settings and DebugArgs
 carrying the FullConfig as JSON) and runs one mode inside
@@ -14,6 +17,7 @@ boundary_cast) in the model:
   python -m cerebras_tf.csoft appliance zoo_like_run.py {CPU,CSX} [pipeline|weight_streaming] --model_dir DIR
       [--mode train|eval] [--max_steps N] [--validate_only|--compile_only] [--mgmt_address A] [--num_csx N]
   python -m cerebras_tf.csoft container zoo_like_run.py --model_dir DIR [--cs_ip IP] [--mode train|eval] ...
+  python -m cerebras_tf.csoft weight_streaming zoo_like_run.py --model_dir DIR [--cs_ip IP] [--mode train|eval] ...
 """
 import argparse
 import importlib.util
@@ -35,6 +39,7 @@ def _importable(name):
 
 
 CONTAINER = _importable("cerebras.framework")
+WEIGHT_STREAMING = CONTAINER and _importable("tfwse")
 if CONTAINER:
     from cerebras.pb.common.tri_state_pb2 import TS_ENABLED
     from cerebras.pb.stack.full_pb2 import FullConfig
@@ -44,6 +49,10 @@ if CONTAINER:
     from cerebras.tf.run_config import CSRunConfig as StackRunConfig
     from cerebras.tf.summary import cs1_enable_summaries
     from cerebras.tf.tf_helper import boundary_cast, summary_layer
+
+    if WEIGHT_STREAMING:
+        import tfwse  # noqa: F401
+        from cerebras.tf.ws.cs_estimator_ws import CerebrasEstimator as StackEstimator
 elif _importable("cerebras_appliance"):
     from cerebras_appliance.CSConfig import CSConfig
     from cerebras_appliance.cs_run_config import CSRunConfig as StackRunConfig
@@ -97,6 +106,8 @@ def model_fn(features, labels, mode, params):
     def metrics(labels, predictions):
         return {"eval/mse": tf.compat.v1.metrics.mean_squared_error(labels, predictions)}
 
+    if WEIGHT_STREAMING:  # the weight-streaming path builds its metric ops in model_fn
+        return CSEstimatorSpec(mode=mode, loss=loss, eval_metric_ops=metrics(labels, predictions))
     return CSEstimatorSpec(mode=mode, loss=loss, host_call=(metrics, [labels, predictions]))
 
 
@@ -148,7 +159,8 @@ def main():
         if args.validate_only or args.compile_only:
             estimator.compile(input_fn, validate_only=args.validate_only)
         elif args.mode == "train":
-            estimator.train(input_fn, max_steps=args.max_steps, use_cs=use_cs)
+            extra = {"sparsifier": None} if WEIGHT_STREAMING else {}
+            estimator.train(input_fn, max_steps=args.max_steps, use_cs=use_cs, **extra)
         else:
             result = estimator.evaluate(input_fn, steps=4, use_cs=use_cs)
             print("EVAL", {key: float(value) for key, value in sorted(result.items())})
