@@ -7,7 +7,8 @@ This module works on a small explicit input, a list of `LayerCost` in pipeline o
 
 Model
 -----
-* Rate of a layer on ``p`` PEs: ``p * pe_flops_per_sec / flops_per_sample`` samples/s.
+* Rate of a layer on ``p`` PEs: ``p * sustained_pe_flops_per_sec / flops_per_sample`` samples/s (the
+  fabric's sustained share of its peak: wse/fabric.py).
   Pipeline throughput is the slowest region's rate.
 * Memory of a layer: weights + optimizer state + per-sample activations times the
   samples in flight at that layer.  In training, a layer holds the activations of
@@ -354,7 +355,7 @@ def place(layers: Sequence[LayerCost] | Iterable[LayerCost], fabric: Fabric, *, 
         raise ValueError(f"layer names must be unique; repeated: {dupes}")
     n = len(layers)
     width, height, total_pes = fabric.width, fabric.height, fabric.num_pes
-    pe_rate = fabric.pe_flops_per_sec(precision)
+    pe_rate = fabric.sustained_pe_flops_per_sec(precision)
     sram = fabric.sram_bytes_per_pe
 
     flops = np.array([layer.flops_per_sample(training) for layer in layers], dtype=np.float64)

@@ -241,7 +241,7 @@ def stream(layers: Sequence[LayerCost] | Iterable[LayerCost], fabric: Fabric, *,
     if num_systems < 1 or batch_size < 1 or batch_size % num_systems:
         raise ValueError(f"the batch of {batch_size} samples must split evenly over {num_systems} systems")
     per_system = batch_size // num_systems
-    rate = fabric.peak_flops_per_sec(precision)
+    rate = fabric.sustained_flops_per_sec(precision)
     bandwidth = float(memoryx.stream_bytes_per_sec)
     weight_in_scale = 0.5 if precision == "half" else 1.0  # float32 weights stream in the half dtype
 

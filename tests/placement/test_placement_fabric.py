@@ -37,3 +37,11 @@ def test_small_fabric_and_validation():
     with pytest.raises(ValueError, match="precision"):
         fabric.pe_flops_per_sec("double")
     assert isinstance(fabric, Fabric)
+
+
+def test_estimates_use_the_sustained_share_of_the_peak():
+    assert WSE2.sustained_flops_per_sec("half") == pytest.approx(0.21 * WSE2.peak_flops_per_sec("half"))
+    assert WSE2.sustained_pe_flops_per_sec("single") == pytest.approx(0.21 * WSE2.pe_flops_per_sec("single"))
+    assert small_fabric().sustained_fraction == 1.0  # test fabrics run at their peak
+    with pytest.raises(ValueError, match="sustained_fraction"):
+        small_fabric(sustained_fraction=1.5)

@@ -33,7 +33,7 @@ def test_throughput_is_the_slowest_region():
     assert report.limiting_bound == "compute"
     for region in report.regions:
         assert region.samples_per_sec_alone == pytest.approx(
-            region.pes * WSE2.pe_flops_per_sec("half") / region.flops_per_sample)
+            region.pes * report.fabric.sustained_pe_flops_per_sec("half") / region.flops_per_sample)
 
 
 def test_compute_bound_and_efficiency():
@@ -41,7 +41,7 @@ def test_compute_bound_and_efficiency():
     layers = [_layer(f"l{i}", g) for i, g in enumerate((0.5, 2.0, 1.0, 3.0))]
     report = place(layers, fabric)
     total = sum(layer.flops_per_sample() for layer in layers)
-    assert report.bounds["compute"] == pytest.approx(fabric.num_pes * fabric.pe_flops_per_sec("half") / total)
+    assert report.bounds["compute"] == pytest.approx(fabric.num_pes * fabric.sustained_pe_flops_per_sec("half") / total)
     assert report.bound_samples_per_sec == report.bounds["compute"]
     assert report.placement_efficiency == pytest.approx(report.estimated_samples_per_sec / report.bounds["compute"])
     assert 0.9 <= report.placement_efficiency <= 1.0
