@@ -297,6 +297,7 @@ class CerebrasEstimator(EstimatorBase):
             fabric=settings.fabric,
             execution_strategy=settings.execution_strategy,
             num_systems=settings.num_csx,
+            execution_reason=settings.execution_reason,
         )
         if not result.reused:  # a reused artifact's report was logged when it was built (and is in compile_dir)
             _log.info("%s", result.summary())

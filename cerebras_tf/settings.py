@@ -134,6 +134,7 @@ class CSSettings:
     num_csx: int
     execution_strategy: str
     weight_streaming_stack: bool
+    execution_strategy_set: bool  # cs_config set execution_strategy (else the estimator's default)
     input_workers: InputWorkerSettings
     summaries: bool
     tf_random_seed: int | None
@@ -170,6 +171,17 @@ class CSSettings:
         Zoo's weight-streaming path returns them (R1.6/R1.7's GPT-2 and GPT-J). Elsewhere host_call does."""
         return self.appliance or self.weight_streaming_stack
 
+    @property
+    def execution_reason(self) -> str:
+        """Why the run uses its execution strategy, for the compile report."""
+        mode = "weight streaming" if self.execution_strategy == WEIGHT_STREAMING else "pipelined execution"
+        if self.execution_strategy_set:
+            return f"{mode}: cs_config's execution_strategy asks for it"
+        if self.weight_streaming_stack:
+            return f"{mode}: the default of the weight-streaming stack's estimator (tfwse, cerebras.tf.ws)"
+        return (f"{mode}: the default (cs_config sets no execution_strategy; weight streaming is for models "
+                "above the wafer)")
+
     @classmethod
     def resolve(cls, config: RunConfig, environ: Mapping[str, str] = os.environ,
                 estimator_created_at: str | None = None, weight_streaming_stack: bool = False) -> "CSSettings":
@@ -196,6 +208,7 @@ class CSSettings:
             half_dtype=cs.half_dtype if cs else None,
             num_csx=cs.num_csx if cs else 1,
             execution_strategy=_execution_strategy(cs, WEIGHT_STREAMING if weight_streaming_stack else PIPELINE),
+            execution_strategy_set=cs is not None and "execution_strategy" in cs.cs_config,
             weight_streaming_stack=weight_streaming_stack,
             input_workers=input_workers,
             summaries=_SUMMARIES_ON_SYSTEM[-1] if _SUMMARIES_ON_SYSTEM else True,

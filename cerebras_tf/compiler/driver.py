@@ -50,6 +50,7 @@ class CompileResult:
     # What a run in this environment would refuse that compile() does not need (e.g. TF_CONFIG for training);
     # also under "Warnings" at the end of `report` (not in the artifact's report, which is the program's).
     warnings: list[CerebrasError] = dataclasses.field(default_factory=list)
+    execution_reason: str = ""  # the mode the layout is in, and why (e.g. "weight streaming: cs_config's ...")
 
     @property
     def kernel_counts(self) -> dict[str, int]:
@@ -72,6 +73,8 @@ class CompileResult:
                 f"weight streaming, {place.num_systems} system{'s' if place.num_systems > 1 else ''}")
             lines.append(f"Estimated {place.estimated_samples_per_sec:,.0f} samples/s on {place.fabric.name} "
                          f"({mode}; limited by {place.limiting_bound}).")
+            if self.execution_reason:
+                lines.append(f"Execution mode: {self.execution_reason}.")
             lines += [f"Note: {note}" for note in place.notes]
         where = os.path.join(self.artifact_dir, artifact.REPORT_FILE) if self.artifact_dir else "CompileResult.report"
         lines.append(f"Full report (kernels by kind, inputs, layers{', placement' if self.placement else ''}): "
@@ -90,7 +93,8 @@ def program_hash(model: CapturedModel, validate_only: bool = False, execution_st
 
 def compile_model(model: CapturedModel, *, validate_only: bool = False, compile_dir: str | None = None,
                   system_name: str | None = None, fabric: Fabric | None = None,
-                  execution_strategy: str = layout.PIPELINE, num_systems: int = 1) -> CompileResult:
+                  execution_strategy: str = layout.PIPELINE, num_systems: int = 1,
+                  execution_reason: str = "") -> CompileResult:
     """Compile a captured model (already prechecked) for the CS system.
 
     validate_only: fold and match every op to a kernel, then stop (no casts,
@@ -100,7 +104,8 @@ def compile_model(model: CapturedModel, *, validate_only: bool = False, compile_
     fabric: the target fabric; a full compile then lays the program out on it
       (CompileResult.placement; report.json and placement.png in the artifact):
       placed for pipelined execution, or timed layer by layer for weight
-      streaming on `num_systems` systems (execution_strategy="weight_streaming").
+      streaming on `num_systems` systems (execution_strategy="weight_streaming");
+      `execution_reason` (why that mode) goes into the log summary and the report.
     Raises CompileError subclasses (or MultipleProblemsError) naming each
     unsupported op, its type and the user's file:line; ArtifactSystemMismatchError
     when compile_dir holds an artifact for another system; FabricCapacityError
@@ -121,7 +126,7 @@ def compile_model(model: CapturedModel, *, validate_only: bool = False, compile_
             placement = (layout.lay_out(program, fabric, execution_strategy, num_systems)  # deterministic
                          if fabric is not None else None)
             return CompileResult(program, text, graph_hash, False, True, directory, note,
-                                 time.perf_counter() - start, placement)
+                                 time.perf_counter() - start, placement, execution_reason=execution_reason)
     program, stats = lower.lower(model, casts=not validate_only)
     program.verify()  # a malformed program here is a compiler bug: stop before it is written or run
     placement = (layout.lay_out(program, fabric, execution_strategy, num_systems)
@@ -129,7 +134,8 @@ def compile_model(model: CapturedModel, *, validate_only: bool = False, compile_
     seconds = time.perf_counter() - start
     text = report.render(program, stats, graph_hash=graph_hash, system=system, seconds=seconds)
     if placement is not None:
-        text += "\n" + placement.render_table() + "\n"
+        text += ("\n" + (f"Execution mode: {execution_reason}.\n" if execution_reason else "")
+                 + placement.render_table() + "\n")
     if directory is not None:
         extra = {} if placement is None else {
             PLACEMENT_REPORT_FILE: json.dumps(placement.to_dict(), indent=2, sort_keys=True).encode(),
@@ -137,6 +143,6 @@ def compile_model(model: CapturedModel, *, validate_only: bool = False, compile_
         }
         artifact.write_artifact(directory, program, text, graph_hash, system, extra)
     return CompileResult(program, text, graph_hash, validate_only, False, directory, note,
-                         time.perf_counter() - start, placement)
+                         time.perf_counter() - start, placement, execution_reason=execution_reason)
 
 

@@ -113,6 +113,8 @@ def test_weight_streaming_compiles_to_a_per_layer_timing_on_one_or_several_syste
     assert streaming.num_systems == 2 and streaming.batch_size == 2 * features.shape[0]
     assert "Weight streaming on 2 systems x WSE-2" in result.report
     assert "(weight streaming, 2 systems; limited by" in result.summary()
+    why = "Execution mode: weight streaming: cs_config's execution_strategy asks for it."
+    assert why in result.summary() and why in result.report
     directory = tmp_path / "compile" / "train"
     report = json.loads((directory / driver.PLACEMENT_REPORT_FILE).read_text())
     assert report["execution_strategy"] == "weight_streaming" and report["num_systems"] == 2
@@ -121,6 +123,8 @@ def test_weight_streaming_compiles_to_a_per_layer_timing_on_one_or_several_syste
     pipelined = zoo_estimator("mlp", compile_dir=str(tmp_path / "compile")).compile(mlp.input_fn)
     assert not pipelined.reused and "changed" in pipelined.note  # another layout: recompiled, not reused
     assert pipelined.graph_hash != result.graph_hash and pipelined.program.kernels == result.program.kernels
+    assert "Execution mode: pipelined execution: the default (cs_config sets no execution_strategy" in \
+        pipelined.summary()
 
 
 def test_several_systems_in_pipelined_execution_are_refused(zoo_estimator):

@@ -94,6 +94,8 @@ def test_the_flavours_estimator_compiles_in_weight_streaming_unless_cs_config_sa
     assert isinstance(streamed.placement, StreamingReport)
     assert "Weight streaming on 1 system x WSE-2" in streamed.report
     assert "(weight streaming, 1 system; limited by" in streamed.summary()
+    assert "Execution mode: weight streaming: the default of the weight-streaming stack's estimator" in \
+        streamed.summary()
 
     explicit = _estimator(cs_estimator_ws.CerebrasEstimator, tmp_path / "pipe", make_model_fn,
                           cs_config={"execution_strategy": "pipeline"}).compile(make_input_fn())
