@@ -1,7 +1,8 @@
 """Capture a model for a mode and apply every CS-system rule, reporting all problems at once."""
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import contextlib
+from typing import Any, Callable, Iterator, Sequence
 
 import tensorflow as tf
 
@@ -21,6 +22,28 @@ from estimator import (
 )
 
 _log = tf.compat.v1.logging
+
+
+@contextlib.contextmanager
+def _tf_op_determinism_off() -> Iterator[None]:
+    """Capture the model as TensorFlow builds it without op determinism (TF_DETERMINISTIC_OPS=1, or
+    tf.config.experimental.enable_op_determinism), and restore the setting after.
+
+    TF's determinism swaps some ops for GPU-deterministic compositions, e.g. sparse softmax cross-entropy for
+    a log_softmax + gather whose gradient TF cannot even build at the Model Zoo's real sizes (its segment
+    count, batch x sequence x vocabulary, overflows int32: R1.7's GPT-3 sets TF_DETERMINISTIC_OPS with
+    tf_random_seed). The simulated system's kernels are deterministic whatever TF's setting; CPU/GPU runs are
+    untouched."""
+    from tensorflow.python.framework import config as tf_config  # the setting's only reader and writer
+
+    enabled = tf_config.is_op_determinism_enabled()
+    if enabled:
+        tf_config.disable_op_determinism()
+    try:
+        yield
+    finally:
+        if enabled:
+            tf_config.enable_op_determinism()
 
 
 def _estimator_can_call(input_fn: Callable[..., Any]) -> bool:
@@ -67,7 +90,9 @@ def precheck(
     model_fn = estimator.user_model_fn
     model = None
     try:
-        with capturing_for_cs_system():  # amp.optimizer_step leaves loss scaling to the executor
+        # amp.optimizer_step leaves loss scaling to the executor; TF's GPU-deterministic op variants are not the
+        # model the wafer runs
+        with capturing_for_cs_system(), _tf_op_determinism_off():
             model = capture_model(estimator, captured_input, estimator.call_user_model_fn_unchecked)
     except Exception as error:
         spec_problems = rules.spec.model_fn_spec_error(error, mode, model_fn)  # tf.estimator refused the spec
