@@ -173,7 +173,7 @@ class Folder:
         with tf.Graph().as_default() as graph:
             tf.graph_util.import_graph_def(graph_def, name="")
             fetches = [graph.get_tensor_by_name(name) for name in fetch_names]
-            with tf.compat.v1.Session(graph=graph) as session:
+            with tf.compat.v1.Session(graph=graph, config=literal_session_config()) as session:
                 results = session.run(fetches)
         for tensor, value in zip(wanted, results):
             value = np.asarray(value)
@@ -220,6 +220,18 @@ class Folder:
             graph_def.node.append(node)
         graph_def.library.CopyFrom(function_library(graph_def.node, self._functions))
         return graph_def, [t.name for t in wanted]
+
+
+def literal_session_config() -> Any:
+    """A session config that runs the graph as written: no grappler (meta optimizer) and no classic graph
+    optimizer (its constant folding, CSE, inlining). The folded subgraph is all constants, so both would
+    only fold it again before running it: on GPT-3 20B's (3,678 nodes, 44 attention masks of 2048x2048)
+    they took 15-23 s and 1.8 GB more of the compile; the values are the same kernels' (compared equal)."""
+    config = tf.compat.v1.ConfigProto()
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    config.graph_options.optimizer_options.opt_level = tf.compat.v1.OptimizerOptions.L0
+    config.graph_options.optimizer_options.do_constant_folding = False
+    return config
 
 
 def _scalar_of(value: Value) -> Any:

@@ -79,3 +79,38 @@ def test_a_dimension_still_dynamic_after_folding_fails_naming_it():
         compile_model(model, validate_only=True)
     assert "features" in str(info.value) and "(4, None)" in str(info.value)
     assert "drop_remainder=True" in str(info.value)
+
+
+def test_folding_runs_the_constant_subgraph_as_written_and_gets_tensorflows_values():
+    """The folder's session turns TF's graph optimizers off (they only re-folded the all-constant subgraph,
+    at great cost on large models); the values are still exactly those a default session computes."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 64], name="x")
+        mask = tf.linalg.band_part(tf.ones([64, 64]), -1, 0)  # an attention mask, as GPT's
+        scale = tf.math.rsqrt(tf.cast(64, tf.float32)) * tf.constant(np.linspace(0.1, 3.0, 64, dtype=np.float32))
+        folded = [1e4 * (mask - 1.0) * scale, tf.tile(tf.range(5) * 3, [4]), tf.math.exp(scale) / 7.0]
+        uses = [x + folded[0][:4], folded[2] * x]
+    ops = sorted({op for t in uses + folded for op in _ancestors(t.op)}, key=lambda op: op._id)
+    folder = fold.Folder(ops)
+    assert all(folder.is_const(t) for t in folded) and not folder.is_const(uses[0])
+    folder.evaluate(folded)
+    with tf.compat.v1.Session(graph=graph) as session:  # default config: grappler and the graph optimizer on
+        expected = session.run(folded)
+    for tensor, value in zip(folded, expected):
+        got = folder.value(tensor)
+        got = got.materialise() if isinstance(got, fold.Splat) else got
+        assert got.dtype == value.dtype and np.array_equal(got, value), tensor.name
+    config = fold.literal_session_config()
+    assert config.graph_options.rewrite_options.disable_meta_optimizer
+    assert not config.graph_options.optimizer_options.do_constant_folding
+
+
+def _ancestors(op):
+    seen, stack = set(), [op]
+    while stack:
+        op = stack.pop()
+        if op not in seen:
+            seen.add(op)
+            stack.extend(t.op for t in op.inputs)
+    return seen
