@@ -51,9 +51,20 @@ def as_splat(value: np.ndarray) -> Splat | None:
     """A Splat for an array of one repeated value (with more than one element), else None."""
     if value.size > 1 and value.dtype != object:
         first = value.flat[0]
-        if np.all(value == first) or (value.dtype.kind == "f" and np.all(np.isnan(value)) and np.isnan(first)):
+        if value.size > _SPLAT_HEAD and not _all_first(value.flat[:_SPLAT_HEAD], first):
+            return None  # most large constants (masks, tables) differ early: no pass over all of them
+        if _all_first(value, first):
             return Splat(first.item(), tuple(value.shape), value.dtype)
     return None
+
+
+_SPLAT_HEAD = 4096
+
+
+def _all_first(value: np.ndarray, first: Any) -> bool:
+    """Every element equals `first` (all NaN when `first` is a NaN)."""
+    return bool(np.all(value == first)) or (value.dtype.kind == "f" and bool(np.isnan(first))
+                                            and bool(np.all(np.isnan(value))))
 
 
 def static_shape(tensor: tf.Tensor) -> list[int] | None:

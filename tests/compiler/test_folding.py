@@ -69,6 +69,23 @@ def test_splat_detection():
     assert fold.as_splat(np.arange(4)) is None and fold.as_splat(np.ones(1)) is None
 
 
+def test_splat_detection_of_large_arrays_looks_past_the_first_elements():
+    late = np.zeros((100, 100), np.float32)
+    late[-1, -1] = 1  # differs only after the elements checked first
+    assert fold.as_splat(late) is None
+    assert fold.as_splat(np.tril(np.ones((64, 64)))) is None  # a mask: differs early
+    assert fold.as_splat(np.zeros((100, 100), np.float32)) == fold.Splat(0.0, (100, 100), np.dtype(np.float32))
+    nans = fold.as_splat(np.full((100, 100), np.nan))
+    assert nans is not None and np.isnan(nans.value) and nans.shape == (100, 100)
+    mostly_nan = np.full((100, 100), np.nan)
+    mostly_nan[-1, -1] = 0
+    assert fold.as_splat(mostly_nan) is None
+    strided = np.zeros((100, 200), np.int32)
+    strided[-1, -2] = 1  # the last element of a strided view
+    assert fold.as_splat(strided[:, ::2]) is None
+    assert fold.as_splat(strided[:, 1::2]) == fold.Splat(0, (100, 100), np.dtype(np.int32))
+
+
 def test_a_dimension_still_dynamic_after_folding_fails_naming_it():
     graph = tf.Graph()
     with graph.as_default():
