@@ -131,3 +131,35 @@ def _ancestors(op):
             seen.add(op)
             stack.extend(t.op for t in op.inputs)
     return seen
+
+
+def test_large_folded_values_are_fetched_one_by_one_and_equal_ones_shared(monkeypatch):
+    """Large values (a causal mask tiled over the batch, in every decoder layer) are fetched one at a
+    time and one equal to an earlier one is the same read-only array; every value is TF's."""
+    monkeypatch.setattr(fold, "LARGE_VALUE_BYTES", 2 * 8 * 16 * 16)  # the float16 masks and more
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float16, [8, 1, 16, 16], name="x")
+        masks = []
+        for layer in range(3):
+            causal = tf.linalg.band_part(tf.ones([16, 16]), -1, 0)
+            if layer == 2:
+                causal = tf.linalg.band_part(tf.ones([16, 16]), 0, -1)  # a different mask
+            tiled = tf.tile(causal[tf.newaxis, tf.newaxis], [8, 1, 1, 1])
+            masks.append(tf.cast((1.0 - tiled) * -1e4, tf.float16))
+        nans = [tf.where(tf.tile(causal[tf.newaxis, tf.newaxis], [8, 1, 1, 1]) > 0.5, np.float32(np.nan), 1.0)
+                for _ in range(2)]
+        small = tf.reduce_sum(tf.reshape(tf.range(15.0), [3, 5]), axis=0)
+        folded = masks + nans + [small]
+        uses = [x + m for m in masks] + [x + tf.cast(n, tf.float16) for n in nans] + [small * 2.0]
+    ops = sorted({op for t in uses + folded for op in _ancestors(t.op)}, key=lambda op: op._id)
+    folder = fold.Folder(ops)
+    folder.evaluate(folded)
+    with tf.compat.v1.Session(graph=graph) as session:
+        expected = session.run(folded)
+    values = [folder.value(t) for t in folded]
+    for got, value in zip(values, expected):
+        assert got.dtype == value.dtype and np.array_equal(got, value, equal_nan=True)
+    assert values[0] is values[1] and values[2] is not values[0] and not values[0].flags.writeable
+    assert values[3] is values[4]  # NaNs compare equal here
+    assert values[5].flags.writeable  # small values are not shared
