@@ -85,8 +85,9 @@ def function_graph(outer: tf.Graph, name: str, variables: dict[int, tf.Operation
 
 def _function_graph_in_default(fdef: FunctionDef, variables: dict[int, tf.Operation]) -> tf.Graph:
     graph_def, flat = function_def_to_graph.function_def_to_graph_def(fdef)
+    nodes = {node.name: node for node in graph_def.node} if variables else {}  # one lookup per variable argument
     for index, variable in variables.items():
-        node = next(n for n in graph_def.node if n.name == fdef.signature.input_arg[index].name)
+        node = nodes[fdef.signature.input_arg[index].name]
         node.op = "VarHandleOp"
         node.ClearField("attr")
         node.attr["dtype"].type = variable.get_attr("dtype").as_datatype_enum

@@ -94,8 +94,8 @@ def layers(program: Program) -> list[Layer]:
     trainable variables (unless the model has none: then one layer, "program").
     Layers are ordered by their first forward kernel.
     """
-    scopes = sorted({v.name.rsplit("/", 1)[0] if "/" in v.name else v.name
-                     for v in program.variables if v.role == "trainable"}, key=len, reverse=True)
+    scopes = {v.name.rsplit("/", 1)[0] if "/" in v.name else v.name
+              for v in program.variables if v.role == "trainable"}
     slot_owner = {v.name: v.slot_of for v in program.variables if v.slot_of}
     kernels = program.kernels
     layer_of: list[str | None] = [_scope_layer(k, scopes, slot_owner) for k in kernels]
@@ -133,15 +133,28 @@ def layers(program: Program) -> list[Layer]:
     return sorted(groups.values(), key=lambda g: (first_forward.get(g.name, len(kernels)), g.kernels[0]))
 
 
-def _scope_layer(kernel: Kernel, scopes: list[str], slot_owner: dict[str, str]) -> str | None:
+def _scope_layer(kernel: Kernel, scopes: set[str], slot_owner: dict[str, str]) -> str | None:
     for name in kernel.vars:
         owner = slot_owner.get(name, name)
-        for scope in scopes:
-            if owner == scope or owner.startswith(scope + "/"):
-                return scope
-    name = GRADIENT_SCOPE.sub(r"\1", kernel.tf_name)
-    name = re.sub(r"(^|/)update_", r"\1", name)
-    for scope in scopes:
-        if name.startswith(scope + "/"):
+        scope = _enclosing_scope(owner, scopes, itself=True)
+        if scope is not None:
             return scope
+    name = GRADIENT_SCOPE.sub(r"\1", kernel.tf_name)
+    name = _UPDATE_PREFIX.sub(r"\1", name)
+    return _enclosing_scope(name, scopes, itself=False)
+
+
+_UPDATE_PREFIX = re.compile(r"(^|/)update_")
+
+
+def _enclosing_scope(name: str, scopes: set[str], itself: bool) -> str | None:
+    """The longest of `scopes` that `name` is inside ("scope/..."), or is (with `itself`): a lookup per "/"
+    of the name, where testing each scope was (kernels x scopes) string comparisons."""
+    if itself and name in scopes:
+        return name
+    end = name.rfind("/")
+    while end >= 0:
+        if name[:end] in scopes:
+            return name[:end]
+        end = name.rfind("/", 0, end)
     return None

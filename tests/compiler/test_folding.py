@@ -69,6 +69,23 @@ def test_splat_detection():
     assert fold.as_splat(np.arange(4)) is None and fold.as_splat(np.ones(1)) is None
 
 
+def test_splat_detection_of_large_arrays_looks_past_the_first_elements():
+    late = np.zeros((100, 100), np.float32)
+    late[-1, -1] = 1  # differs only after the elements checked first
+    assert fold.as_splat(late) is None
+    assert fold.as_splat(np.tril(np.ones((64, 64)))) is None  # a mask: differs early
+    assert fold.as_splat(np.zeros((100, 100), np.float32)) == fold.Splat(0.0, (100, 100), np.dtype(np.float32))
+    nans = fold.as_splat(np.full((100, 100), np.nan))
+    assert nans is not None and np.isnan(nans.value) and nans.shape == (100, 100)
+    mostly_nan = np.full((100, 100), np.nan)
+    mostly_nan[-1, -1] = 0
+    assert fold.as_splat(mostly_nan) is None
+    strided = np.zeros((100, 200), np.int32)
+    strided[-1, -2] = 1  # the last element of a strided view
+    assert fold.as_splat(strided[:, ::2]) is None
+    assert fold.as_splat(strided[:, 1::2]) == fold.Splat(0, (100, 100), np.dtype(np.int32))
+
+
 def test_a_dimension_still_dynamic_after_folding_fails_naming_it():
     graph = tf.Graph()
     with graph.as_default():
@@ -79,3 +96,70 @@ def test_a_dimension_still_dynamic_after_folding_fails_naming_it():
         compile_model(model, validate_only=True)
     assert "features" in str(info.value) and "(4, None)" in str(info.value)
     assert "drop_remainder=True" in str(info.value)
+
+
+def test_folding_runs_the_constant_subgraph_as_written_and_gets_tensorflows_values():
+    """The folder's session turns TF's graph optimizers off (they only re-folded the all-constant subgraph,
+    at great cost on large models); the values are still exactly those a default session computes."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 64], name="x")
+        mask = tf.linalg.band_part(tf.ones([64, 64]), -1, 0)  # an attention mask, as GPT's
+        scale = tf.math.rsqrt(tf.cast(64, tf.float32)) * tf.constant(np.linspace(0.1, 3.0, 64, dtype=np.float32))
+        folded = [1e4 * (mask - 1.0) * scale, tf.tile(tf.range(5) * 3, [4]), tf.math.exp(scale) / 7.0]
+        uses = [x + folded[0][:4], folded[2] * x]
+    ops = sorted({op for t in uses + folded for op in _ancestors(t.op)}, key=lambda op: op._id)
+    folder = fold.Folder(ops)
+    assert all(folder.is_const(t) for t in folded) and not folder.is_const(uses[0])
+    folder.evaluate(folded)
+    with tf.compat.v1.Session(graph=graph) as session:  # default config: grappler and the graph optimizer on
+        expected = session.run(folded)
+    for tensor, value in zip(folded, expected):
+        got = folder.value(tensor)
+        got = got.materialise() if isinstance(got, fold.Splat) else got
+        assert got.dtype == value.dtype and np.array_equal(got, value), tensor.name
+    config = fold.literal_session_config()
+    assert config.graph_options.rewrite_options.disable_meta_optimizer
+    assert not config.graph_options.optimizer_options.do_constant_folding
+
+
+def _ancestors(op):
+    seen, stack = set(), [op]
+    while stack:
+        op = stack.pop()
+        if op not in seen:
+            seen.add(op)
+            stack.extend(t.op for t in op.inputs)
+    return seen
+
+
+def test_large_folded_values_are_fetched_one_by_one_and_equal_ones_shared(monkeypatch):
+    """Large values (a causal mask tiled over the batch, in every decoder layer) are fetched one at a
+    time and one equal to an earlier one is the same read-only array; every value is TF's."""
+    monkeypatch.setattr(fold, "LARGE_VALUE_BYTES", 2 * 8 * 16 * 16)  # the float16 masks and more
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float16, [8, 1, 16, 16], name="x")
+        masks = []
+        for layer in range(3):
+            causal = tf.linalg.band_part(tf.ones([16, 16]), -1, 0)
+            if layer == 2:
+                causal = tf.linalg.band_part(tf.ones([16, 16]), 0, -1)  # a different mask
+            tiled = tf.tile(causal[tf.newaxis, tf.newaxis], [8, 1, 1, 1])
+            masks.append(tf.cast((1.0 - tiled) * -1e4, tf.float16))
+        nans = [tf.where(tf.tile(causal[tf.newaxis, tf.newaxis], [8, 1, 1, 1]) > 0.5, np.float32(np.nan), 1.0)
+                for _ in range(2)]
+        small = tf.reduce_sum(tf.reshape(tf.range(15.0), [3, 5]), axis=0)
+        folded = masks + nans + [small]
+        uses = [x + m for m in masks] + [x + tf.cast(n, tf.float16) for n in nans] + [small * 2.0]
+    ops = sorted({op for t in uses + folded for op in _ancestors(t.op)}, key=lambda op: op._id)
+    folder = fold.Folder(ops)
+    folder.evaluate(folded)
+    with tf.compat.v1.Session(graph=graph) as session:
+        expected = session.run(folded)
+    values = [folder.value(t) for t in folded]
+    for got, value in zip(values, expected):
+        assert got.dtype == value.dtype and np.array_equal(got, value, equal_nan=True)
+    assert values[0] is values[1] and values[2] is not values[0] and not values[0].flags.writeable
+    assert values[3] is values[4]  # NaNs compare equal here
+    assert values[5].flags.writeable  # small values are not shared

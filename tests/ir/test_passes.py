@@ -1,6 +1,8 @@
 """The TF-free passes over a whole program, on hand-built programs."""
 from __future__ import annotations
 
+import re
+
 from cerebras_tf import ir
 from cerebras_tf.ir import passes
 
@@ -56,3 +58,33 @@ def test_layers_follow_the_variable_scopes_and_take_in_their_neighbours(program)
 def test_a_program_without_trainable_variables_is_one_layer(program):
     program.variables[0].trainable, program.variables[0].role = False, "state"
     assert [layer.name for layer in passes.layers(program)] == ["program"]
+
+
+def _scope_layer_by_scanning(kernel: ir.Kernel, scopes: set[str], slot_owner: dict[str, str]) -> str | None:
+    """The layer rule as first written (every scope tested, longest first): what the lookup must agree with."""
+    ordered = sorted(scopes, key=len, reverse=True)
+    for name in kernel.vars:
+        owner = slot_owner.get(name, name)
+        for scope in ordered:
+            if owner == scope or owner.startswith(scope + "/"):
+                return scope
+    name = passes.GRADIENT_SCOPE.sub(r"\1", kernel.tf_name)
+    name = re.sub(r"(^|/)update_", r"\1", name)
+    return next((scope for scope in ordered if name.startswith(scope + "/")), None)
+
+
+def test_the_scope_of_a_kernel_is_the_longest_enclosing_variable_scope():
+    scopes = {"dense", "dense_1", "encoder/layer_0", "encoder/layer_0/attention", "encoder", "w"}
+    slot_owner = {"encoder/layer_0/attention/q/Adam": "encoder/layer_0/attention/q"}
+    cases = [  # (vars, tf_name)
+        (["dense/kernel"], "x"), (["dense_1/kernel"], "x"), (["dense_10/kernel"], "dense_1/x"),
+        (["encoder/layer_0/attention/q/Adam"], "x"), (["encoder/layer_0/ffn/w"], "x"), (["w"], "x"),
+        (["global_step"], "encoder/layer_0/attention/MatMul"), ([], "encoder/layer_0/attention"),
+        ([], "gradients/encoder/layer_0/attention/MatMul_grad/MatMul"), ([], "encoder/gradients_3/dense/x_grad/y"),
+        ([], "Adam/update_dense_1/kernel/ResourceApplyAdam"), ([], "dense_1"), ([], "dense_12/MatMul"),
+        ([], "loss/Mean"), ([], "encoder/layer_1/MatMul"), ([], "w/x"), ([], ""), ([], "/dense/x"),
+    ]
+    for vars_, tf_name in cases:
+        kernel = ir.Kernel(0, "neg", [], [], {}, vars=vars_, tf_name=tf_name)
+        assert passes._scope_layer(kernel, scopes, slot_owner) == \
+            _scope_layer_by_scanning(kernel, scopes, slot_owner), (vars_, tf_name)
