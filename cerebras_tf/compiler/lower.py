@@ -858,7 +858,8 @@ def _variables(builder: _Builder, model: CapturedModel) -> list[ir.Variable]:
         slot_of = None
         if role == "optimizer_state":
             owners = [t for t in trainable if name.startswith(t + "/") or f"/{t}/" in name]
-            slot_of = fused_slots.get(name) or (max(owners, key=len) if owners else None)
+            # the longest owner; among equally long ones the last by name, not by the set's (hash) order
+            slot_of = fused_slots.get(name) or (max(owners, key=lambda t: (len(t), t)) if owners else None)
         variables.append(ir.Variable(name, shape.as_list(), tf.as_dtype(op.get_attr("dtype")).name,
                                      name in trainable, role, slot_of))
     raise_problems(builder.problems)
