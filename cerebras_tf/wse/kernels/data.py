@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from cerebras_tf.wse.kernels._indices import check_indices, check_segment_ids
 from cerebras_tf.wse.kernels._registry import KernelContext, register
 
 
@@ -180,9 +181,11 @@ def one_hot(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelConte
 
 
 def gather(params: np.ndarray, indices: np.ndarray, axis: int, batch_dims: int) -> np.ndarray:
-    """tf.gather(params, indices, axis, batch_dims) (indices must be in range)."""
+    """tf.gather(params, indices, axis, batch_dims); an index outside [0, params.shape[axis]) raises
+    KernelInputError with the message of TF's CPU kernel ("indices[1,2] = 7 is not in [0, 5)")."""
     indices = np.asarray(indices)
     axis = _norm(axis, params.ndim)
+    check_indices(indices, params.shape[axis])
     batch_dims = batch_dims + indices.ndim if batch_dims < 0 else batch_dims
     if batch_dims == 0:
         return np.take(params, indices, axis=axis)
@@ -210,9 +213,11 @@ def gather_kernel(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Kerne
 
 @register("unsorted_segment_sum")
 def unsorted_segment_sum(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
-    """UnsortedSegmentSum(data, segment_ids) with attr num_segments; negative ids are dropped."""
+    """UnsortedSegmentSum(data, segment_ids) with attr num_segments; negative ids are dropped, as TF does, and an
+    id >= num_segments raises KernelInputError with TF's message ("segment_ids[2] = 7 is out of range [0, 5)")."""
     data, ids = np.asarray(inputs[0]), np.asarray(inputs[1])
     n = _int(attrs["num_segments"])
+    check_segment_ids(ids, n)
     rest = data.shape[ids.ndim:]
     flat_ids = ids.reshape(-1)
     rows = data.reshape((flat_ids.size,) + rest)

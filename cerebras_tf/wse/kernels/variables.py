@@ -13,6 +13,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from cerebras_tf.wse.kernels import _jit
+from cerebras_tf.wse.kernels._indices import check_indices, check_sparse_apply_indices
 from cerebras_tf.wse.kernels._registry import KernelContext, register
 from cerebras_tf.wse.kernels.data import gather
 from cerebras_tf.wse.threads import STREAMING_MIN_ELEMENTS_PER_THREAD as STREAMING
@@ -55,9 +56,12 @@ def assign_sub_variable(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx:
 
 @register("scatter_add_variable")
 def scatter_add_variable(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
-    """ResourceScatterAdd(resource; indices, updates): duplicate indices accumulate."""
+    """ResourceScatterAdd(resource; indices, updates): duplicate indices accumulate. An index outside
+    [0, rows) raises KernelInputError with TF's message before anything is written (TF's CPU kernel adds the
+    rows before the first bad index; the run stops there either way and that step is not saved)."""
     var = ctx.variables[0]
     indices, updates = np.asarray(inputs[0]), np.asarray(inputs[1], var.dtype)
+    check_indices(indices, var.shape[0])
     if updates.ndim == 0:
         updates = np.broadcast_to(updates, indices.shape + var.shape[1:])
     np.add.at(var, indices, updates)
@@ -128,10 +132,13 @@ def apply_keras_momentum(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx
 @register("sparse_apply_momentum")
 def sparse_apply_momentum(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
     """(var, accum; lr, grad, indices, momentum): apply_momentum on rows var[indices[i]] with grad[i];
-    duplicate indices apply one after another, as TF's loop."""
+    duplicate indices apply one after another, as TF's loop. An index outside [0, rows) raises
+    KernelInputError with TF's message ("Index 7 at offset 1 in indices is out of range") before anything is
+    written (TF's CPU kernel updates the rows before it)."""
     var, accum = ctx.variables[:2]
     lr, grad, idx, mom = _s(inputs[0], var), np.asarray(inputs[1]), np.asarray(inputs[2]).reshape(-1), \
         _s(inputs[3], var)
+    check_sparse_apply_indices(idx, var.shape[0])
     nesterov = bool(attrs.get("use_nesterov"))
     groups = [np.arange(len(idx))] if len(np.unique(idx)) == len(idx) else [np.array([i]) for i in range(len(idx))]
     for rows in groups:
