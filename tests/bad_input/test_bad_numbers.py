@@ -1,5 +1,6 @@
-"""Issue 16, class 4: bad numbers. A label out of range for sparse softmax raises what TF's CPU kernel raises
-(InvalidArgumentError, its message); a NaN loss, or steps that keep overflowing at the minimum loss scale, stop
+"""Issue 16, class 4: bad numbers. A label out of range for sparse softmax, or an id out of range for an
+embedding lookup or a gather (issue 24 item 7), raises what TF's CPU kernel raises (InvalidArgumentError, its
+message, the op and the user's line); a NaN loss, or steps that keep overflowing at the minimum loss scale, stop
 the run with the Estimator's NaN-loss error (NanLossDuringTrainingError, "NaN loss during training.").
 
 These are found while the run executes, so the run has started: like TF, which writes graph.pbtxt and event
@@ -25,7 +26,7 @@ from bad_input_helpers import (
 )
 
 import cerebras_tf
-from cerebras_tf import CerebrasEstimator, CSRunConfig, amp
+from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, amp
 from cerebras_tf.divergence import OVERFLOW_STEPS_AT_MIN_SCALE, NanLossError
 
 NanLossDuringTrainingError = tf.compat.v1.train.NanLossDuringTrainingError
@@ -78,6 +79,71 @@ def test_a_label_out_of_range_in_evaluation_raises_too(model_dir):
     stopped(lambda: est.evaluate(classification_input_fn(labels), steps=3, use_cs=True),
             tf.errors.InvalidArgumentError, "Received a label value of 3 which is outside the valid range of [0, 3)",
             model_dir=model_dir)
+
+
+# --------------------------------------------------------------------------- ids out of range
+
+VOCAB = 6
+IDS = np.random.default_rng(1).integers(0, VOCAB, size=(12, 3)).astype(np.int32)
+LOOKUP_LINE: dict[str, int] = {}
+
+
+def _embedding_regressor(lookup: str) -> Callable:
+    """Mean of embedding rows -> dense: `variable` looks up the variable (ResourceGather), `tensor` gathers from
+    its value (ReadVariableOp + GatherV2); SGD adds the gradient's rows back (ResourceScatterAdd)."""
+
+    def model_fn(features, labels, mode, params):
+        table = tf.compat.v1.get_variable("embedding", [VOCAB, 4], initializer=tf.compat.v1.ones_initializer())
+        if lookup == "variable":
+            rows = tf.nn.embedding_lookup(table, features, name="lookup")  # LOOKUP variable
+        else:
+            rows = tf.gather(tf.convert_to_tensor(table), features, name="lookup")  # LOOKUP tensor
+        predictions = tf.compat.v1.layers.dense(tf.reduce_mean(rows, axis=1), 1, name="output")
+        loss = tf.compat.v1.losses.mean_squared_error(labels, predictions)
+        train_op = tf.compat.v1.train.GradientDescentOptimizer(0.01).minimize(
+            loss, global_step=tf.compat.v1.train.get_global_step())
+        return CSEstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    return model_fn
+
+
+def _lookup_line(lookup: str) -> int:
+    if not LOOKUP_LINE:
+        with open(__file__) as source:
+            for number, line in enumerate(source, 1):
+                if "# LOOKUP " in line and "if " not in line:
+                    LOOKUP_LINE[line.rsplit("# LOOKUP ", 1)[1].strip()] = number
+    return LOOKUP_LINE[lookup]
+
+
+@pytest.mark.parametrize("lookup", ["variable", "tensor"])
+@pytest.mark.parametrize("bad", [VOCAB, 40, -1])
+def test_an_id_out_of_range_raises_what_tf_raises_naming_the_lookup(model_dir, tmp_path, lookup, bad):
+    ids = IDS.copy()
+    ids[2, 1] = bad
+    est = estimator(model_dir, _embedding_regressor(lookup))
+    message = f"indices[2,1] = {bad} is not in [0, {VOCAB})"
+    error = stopped(lambda: est.train(regression_input_fn(ids, Y), max_steps=3), tf.errors.InvalidArgumentError,
+                    message, "{{node lookup}}", f"test_bad_numbers.py:{_lookup_line(lookup)}", model_dir=model_dir)
+    assert str(error).startswith(message)
+    cpu = CerebrasEstimator(_embedding_regressor(lookup), model_dir=str(tmp_path / "cpu"), config=CSRunConfig(),
+                            params={"batch_size": BATCH})
+    with pytest.raises(tf.errors.InvalidArgumentError) as on_cpu:
+        cpu.train(regression_input_fn(ids, Y), max_steps=3)
+    assert f"{message}\n\t [[{{{{node lookup}}}}]]" in on_cpu.value.message  # TF's own words, the same node
+
+
+def test_an_id_out_of_range_after_a_checkpoint_keeps_that_checkpoint(model_dir):
+    """The bad id is in the third batch: steps 1-2 train and are saved; step 3 stops the run, saving nothing."""
+    est = estimator(model_dir, _embedding_regressor("variable"))
+    est.train(regression_input_fn(IDS[:8], Y[:8]), max_steps=2)
+    cerebras_tf.release_system()
+    ids = IDS.copy()
+    ids[9, 0] = -3  # batch 3 (rows 8-11), row 1
+    stopped(lambda: estimator(model_dir, _embedding_regressor("variable")).train(
+        regression_input_fn(ids, Y), max_steps=5), tf.errors.InvalidArgumentError,
+        f"indices[1,0] = -3 is not in [0, {VOCAB})", model_dir=model_dir)
+    assert "./model.ckpt-2.index" in (checkpoint_files(model_dir) or {})
 
 
 # --------------------------------------------------------------------------- NaN loss
