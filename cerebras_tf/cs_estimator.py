@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import dataclasses
+import glob
 import itertools
 import os
 from typing import Any, Callable, Iterable, Iterator
 
 import tensorflow as tf
 
-from cerebras_tf import logs, rules
+from cerebras_tf import logs, rules, write_failures
 from cerebras_tf.amp.tf_loss_scaling import STATE_SCOPE as LOSS_SCALE_SCOPE
 from cerebras_tf.compiler.driver import CompileResult, compile_model, program_hash
 from cerebras_tf.cs_training import checkpoint_to_evaluate, evaluate_on_system, predict_on_system, train_on_system
@@ -302,8 +303,15 @@ class CerebrasEstimator(EstimatorBase):
         if not result.reused:  # a reused artifact's report was logged when it was built (and is in compile_dir)
             _log.info("%s", result.summary())
         if result.placement is not None and not result.reused:
-            write_image_summary(os.path.join(self.model_dir, PLACEMENT_SUMMARY_DIR),
-                                f"placement/{model.input.mode}", result.placement.to_png())
+            logdir = os.path.join(self.model_dir, PLACEMENT_SUMMARY_DIR)
+            pattern = [os.path.join(glob.escape(logdir), "events.out.tfevents.*")]
+            before = write_failures.signatures(pattern)
+            try:
+                with write_failures.writing(self.model_dir, "writing the placement picture", logdir):
+                    write_image_summary(logdir, f"placement/{model.input.mode}", result.placement.to_png())
+            except Exception:
+                write_failures.remove_new_files(pattern, before)
+                raise
         return result
 
 

@@ -13,15 +13,17 @@ and prediction run their programs from a checkpoint the same way.
 """
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 import numpy as np
 import tensorflow as tf
 
 from cerebras_tf.amp import GradScaler
-from cerebras_tf import ir
+from cerebras_tf import ir, write_failures
 from cerebras_tf.compiler import functions, initial
 from cerebras_tf.compiler.lower import eval_metric_subgraph
 from cerebras_tf.divergence import DivergenceGuard
@@ -33,7 +35,7 @@ from cerebras_tf.amp.tf_loss_scaling import STATE_SCOPE as LOSS_SCALE_SCOPE, STA
 from cerebras_tf.rules.checkpoint import warm_start_path, warm_started_variables
 from cerebras_tf.settings import CSSettings
 from cerebras_tf.trainer_lock import trainer_lock
-from cerebras_tf.tensorboard import EventWriter, scalar_summary, write_graph
+from cerebras_tf.tensorboard import GRAPH_FILE, EventWriter, scalar_summary, write_graph
 from cerebras_tf.wse.executor import Executor, StepResult
 from cerebras_tf.wse.kernels import KernelInputError
 from estimator import CapturedModel, EstimatorBase, ModeKeys
@@ -91,37 +93,43 @@ def _train(checkpoints: "CheckpointWriter", estimator: EstimatorBase, settings: 
     started, saved = time.perf_counter(), first
     result = summaries = None
     try:
-        summaries = TrainingSummaries(estimator.model_dir, stream, estimated_samples_per_sec, program,
-                                      settings.save_summary_steps)
-        summaries.write_graph(model.graph)
-        while executor.global_step < last:
-            try:  # one batch per system: several systems (weight streaming) are data parallel
-                batches = [next(stream) for _ in range(systems)]
-            except StopIteration:
-                _log.info("The input data ended after global step %d.", executor.global_step)
-                break
-            result = run_step(executor, *batches)
-            host_checks.after_step(result.outputs, executor.global_step)  # raises before the step is saved
-            step = executor.global_step
-            guard.after_step(result, step, saved, batches[0])
-            summaries.step_done(sum(batch_size(batch) for batch in batches))
-            if (step % every == 0 or step == last) and result.loss is not None:
-                summaries.write(step, result.loss, result.loss_scale)
-            summaries.write_model_summaries(step, result.outputs, result.loss_scale)
-            if save_every and step % save_every == 0 and step != last:
-                checkpoints.save(executor, step)
-                saved = step
-    except InputWorkerError:
-        if executor.global_step > saved:
-            _log.warning("Input failed: saving the weights trained so far (global step %d).", executor.global_step)
-            checkpoints.save(executor, executor.global_step)
-        raise
-    finally:
-        stream.close()
+        try:
+            summaries = TrainingSummaries(estimator.model_dir, stream, estimated_samples_per_sec, program,
+                                          settings.save_summary_steps)
+            summaries.write_graph(model.graph)
+            while executor.global_step < last:
+                try:  # one batch per system: several systems (weight streaming) are data parallel
+                    batches = [next(stream) for _ in range(systems)]
+                except StopIteration:
+                    _log.info("The input data ended after global step %d.", executor.global_step)
+                    break
+                result = run_step(executor, *batches)
+                host_checks.after_step(result.outputs, executor.global_step)  # raises before the step is saved
+                step = executor.global_step
+                guard.after_step(result, step, saved, batches[0])
+                summaries.step_done(sum(batch_size(batch) for batch in batches))
+                if (step % every == 0 or step == last) and result.loss is not None:
+                    summaries.write(step, result.loss, result.loss_scale)
+                summaries.write_model_summaries(step, result.outputs, result.loss_scale)
+                if save_every and step % save_every == 0 and step != last:
+                    checkpoints.save(executor, step)
+                    saved = step
+        except InputWorkerError:
+            if executor.global_step > saved:
+                _log.warning("Input failed: saving the weights trained so far (global step %d).",
+                             executor.global_step)
+                checkpoints.save(executor, executor.global_step)
+            raise
+        finally:
+            stream.close()
+        if executor.global_step > saved or result is None:
+            checkpoints.save(executor, executor.global_step)  # before the event file's last write: it matters more
+    except BaseException:
         if summaries is not None:
-            summaries.close()
-    if executor.global_step > saved or result is None:
-        checkpoints.save(executor, executor.global_step)
+            summaries.close(quiet=True)  # the error that stopped the run is the one to see
+        raise
+    if summaries is not None:
+        summaries.close()
     if result is not None:
         seconds = time.perf_counter() - started
         _log.info("Loss for final step: %g. Trained steps %d-%d in %.1f s on the simulated WSE (%s).",
@@ -158,7 +166,8 @@ class TrainingSummaries:
     def __init__(self, model_dir: str, stream: InputStream, estimated_samples_per_sec: float | None,
                  program: ir.Program | None = None, save_summary_steps: int | None = None) -> None:
         self._model_dir = model_dir
-        self._writer = EventWriter(model_dir)
+        with write_failures.writing(model_dir, "creating the run's event file", model_dir):
+            self._writer = EventWriter(model_dir)
         self._stream = stream
         self._estimate = estimated_samples_per_sec
         self._window_start = time.perf_counter()
@@ -173,7 +182,16 @@ class TrainingSummaries:
 
     def write_graph(self, graph: tf.Graph) -> None:
         """The run's graph: graph.pbtxt in model_dir and the run's event file, as tf.estimator writes them."""
-        write_graph(self._model_dir, graph, self._writer)
+        temporary = [os.path.join(glob.escape(self._model_dir), f"{GRAPH_FILE}.tmp*")]  # tf.io.write_graph's copy
+        before = write_failures.signatures(temporary)
+        try:
+            with write_failures.writing(self._model_dir, f"writing the run's graph ({GRAPH_FILE} and "
+                                        f"{os.path.basename(self._writer.path)})",
+                                        os.path.join(self._model_dir, GRAPH_FILE)):
+                write_graph(self._model_dir, graph, self._writer)
+        except Exception:
+            write_failures.remove_new_files(temporary, before)
+            raise
 
     def step_done(self, batch_size: int) -> None:
         self._window_steps += 1
@@ -206,7 +224,8 @@ class TrainingSummaries:
         if self._estimate is not None:
             values["wse/estimated_samples_per_sec"] = self._estimate
         values.update(input_stats.summary_values())
-        self._writer.add_summary(scalar_summary(values), step)
+        with self._writing(f"writing the summaries of global step {step}"):
+            self._writer.add_summary(scalar_summary(values), step)
 
     def write_model_summaries(self, step: int, outputs: dict[str, np.ndarray], loss_scale: float | None = None
                               ) -> None:
@@ -218,13 +237,35 @@ class TrainingSummaries:
         if self._last_summary is not None and step < self._last_summary + self._summary_every:
             return  # the first call is the run's first step
         self._last_summary = step
-        self._writer.add_summary(self._model.summary(outputs, loss_scale), step)
+        summary = self._model.summary(outputs, loss_scale)
+        with self._writing(f"writing the model's summaries of global step {step}"):
+            self._writer.add_summary(summary, step)
 
-    def close(self) -> None:
-        self._writer.flush()
-        self._writer.close()
-        if self._model is not None:
-            self._model.close()
+    def close(self, quiet: bool = False) -> None:
+        """Finish the event file (a full disk or an unwritable model_dir raises a ModelDirWriteError; `quiet`:
+        only a warning, when another error already stops the run) and release the summary session."""
+        try:
+            with self._writing("finishing the run's event file"):
+                try:
+                    self._writer.flush()
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        self._writer.close()
+                    raise
+                self._writer.close()
+        except Exception as error:
+            if not quiet:
+                raise
+            _log.warning("The run's event file %s could not be finished: %s", self._writer.path,
+                         str(error).splitlines()[0])
+        finally:
+            if self._model is not None:
+                self._model.close()
+
+    def _writing(self, what: str) -> ContextManager[None]:
+        """A full disk or an unwritable model_dir while writing the event file, as a ModelDirWriteError."""
+        return write_failures.writing(self._model_dir, f"{what} ({os.path.basename(self._writer.path)})",
+                                      self._writer.path)
 
 
 class ModelSummaries:
@@ -532,15 +573,38 @@ class CheckpointWriter:
         return scaler
 
     def save(self, executor: Executor, step: int) -> str:
-        """Write model.ckpt-<step>; the `checkpoint` index is updated last, so a crash leaves the previous one."""
+        """Write model.ckpt-<step>; the `checkpoint` index is updated last, so a crash leaves the previous one.
+
+        If the save fails, the files it created are removed (TF's *.tempstate* files, a data or index file
+        already renamed, the `checkpoint` state file's temporary copy), so the previous checkpoint stays the
+        latest, whole; a full disk or an unwritable model_dir is raised as a ModelDirWriteError
+        (write_failures.py) naming model_dir, the checkpoint, the free space and the one to resume from."""
         values = {**self._untouched, **executor.variables()}
         if not self.program.model_loss_scaling:
             state = executor.grad_scaler.state_dict() if executor.grad_scaler is not None else {}
             values.update({_loss_scale_name(key): np.asarray(state.get(key, 0)) for key in STATE_VARIABLES})
-        with self._graph.as_default():
-            self._session.run(self._init, {self._feeds[name]: value for name, value in values.items()})
-            path = self._saver.save(self._session, os.path.join(self.model_dir, "model.ckpt"), global_step=step,
-                                    write_meta_graph=False)
+        prefix = os.path.join(self.model_dir, f"model.ckpt-{step}")
+        # what a save writes: the prefix's data and index files (and their *.tempstate* copies), and the
+        # `checkpoint` state file's temporary copy (TF's atomic write leaves it behind when the write fails)
+        written = [glob.escape(prefix) + ".*", os.path.join(glob.escape(self.model_dir), "checkpoint.tmp*")]
+        before = write_failures.signatures(written)
+        try:
+            with self._graph.as_default():
+                self._session.run(self._init, {self._feeds[name]: value for name, value in values.items()})
+                path = self._saver.save(self._session, os.path.join(self.model_dir, "model.ckpt"), global_step=step,
+                                        write_meta_graph=False)
+        except Exception as error:
+            removed = write_failures.remove_new_files(written, before)
+            if removed:
+                _log.info("Removed the partial files of the failed save of global step %d: %s", step,
+                          ", ".join(os.path.basename(name) for name in removed))
+            failure = write_failures.write_failure(error)
+            if failure is None:
+                raise
+            raise write_failures.write_error(
+                self.model_dir, f"saving the checkpoint of global step {step} ({os.path.basename(prefix)})",
+                f"{prefix}.index and {prefix}.data-00000-of-00001", failure, step=step,
+                needed=sum(np.asarray(value).nbytes for value in values.values())) from error
         _log.info("Saving checkpoints for %d into %s.", step, path)
         return path
 
@@ -599,13 +663,15 @@ def evaluate_on_system(estimator: EstimatorBase, settings: CSSettings, model: Ca
                    "global_step": global_step}
     # TF1 simple_value scalars in eval/, as tf.estimator writes its evaluation results (no TF2 tf.summary:
     # that needs the tensorboard package on TF >= 2.16); non-scalar metrics are skipped, as there.
-    writer = EventWriter(os.path.join(estimator.model_dir, "eval"))
-    try:
-        writer.add_summary(scalar_summary({name: value for name, value in metrics.items()
-                                           if name != "global_step" and np.ndim(value) == 0
-                                           and np.issubdtype(np.asarray(value).dtype, np.number)}), global_step)
-    finally:
-        writer.close()
+    with write_failures.writing(estimator.model_dir, "writing the evaluation results",
+                                os.path.join(estimator.model_dir, "eval"), then="evaluate again"):
+        writer = EventWriter(os.path.join(estimator.model_dir, "eval"))
+        try:
+            writer.add_summary(scalar_summary({name: value for name, value in metrics.items()
+                                               if name != "global_step" and np.ndim(value) == 0
+                                               and np.issubdtype(np.asarray(value).dtype, np.number)}), global_step)
+        finally:
+            writer.close()
     _log.info("Saving dict for global step %d: %s (evaluated on the simulated WSE from %s)", global_step,
               ", ".join(f"{k} = {v}" for k, v in sorted(metrics.items())), path)
     return metrics

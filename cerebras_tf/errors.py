@@ -102,6 +102,20 @@ class ModelDirError(CerebrasError):
     tag = "[Model Dir]"
 
 
+class ModelDirWriteError(ModelDirError):
+    """Writing into model_dir failed during a run because its disk is full (ENOSPC, a quota) or it became
+    unwritable (EACCES, EPERM, EROFS): a checkpoint, the run's event file, graph.pbtxt or the trainer lock
+    (cerebras_tf/write_failures.py). `path` is the file being written, `reason` the system's words ("No space
+    left on device") and `free_bytes` the space left on model_dir's filesystem (None if unknown)."""
+
+    def __init__(self, message: str, *, where: str | None = None, fix: str | None = None, path: str = "",
+                 reason: str = "", free_bytes: int | None = None) -> None:
+        self.path = path
+        self.reason = reason
+        self.free_bytes = free_bytes
+        super().__init__(message, where=where, fix=fix)
+
+
 class CheckpointMismatchError(CerebrasError):
     """The checkpoint a run would start from does not fit the model: variables missing, or of another shape or
     dtype (the model changed but model_dir did not), or it cannot be read."""

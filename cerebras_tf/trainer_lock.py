@@ -23,6 +23,7 @@ import time
 from typing import Any, Iterator
 
 from cerebras_tf.errors import TrainerLockError
+from cerebras_tf.write_failures import writing
 
 LOCK_FILE = "cerebras_tf.trainer.lock"
 
@@ -61,13 +62,21 @@ def trainer_lock(model_dir: str) -> Iterator[None]:
 
 
 def _create(path: str, content: dict[str, Any]) -> bool:
-    """Create the lock file with `content`, unless it exists."""
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "w") as file:
-        json.dump(content, file)
+    """Create the lock file with `content`, unless it exists. A full disk or an unwritable model_dir is a
+    ModelDirWriteError, and leaves no lock file."""
+    model_dir = os.path.dirname(path)
+    with writing(model_dir, "writing the trainer lock", path):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        try:
+            with os.fdopen(fd, "w") as file:
+                json.dump(content, file)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            raise
     return True
 
 
