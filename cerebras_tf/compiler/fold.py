@@ -230,19 +230,28 @@ class Folder:
                 if tensor.name in self._values:
                     if tensor.name not in feeds:
                         feeds[tensor.name] = f"folded_input_{len(feeds)}_"
-                        value = self._values[tensor.name]
-                        if isinstance(value, Splat):
-                            value = value.materialise()
                         feed = graph_def.node.add()
                         feed.name, feed.op = feeds[tensor.name], "Const"
                         feed.attr["dtype"].type = tensor.dtype.as_datatype_enum
-                        feed.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value, dtype=tensor.dtype))
+                        feed.attr["value"].tensor.CopyFrom(tensor_proto(self._values[tensor.name], tensor.dtype))
                     node.input.append(feeds[tensor.name])
                 else:
                     node.input.append(tensor.name)
             graph_def.node.append(node)
         graph_def.library.CopyFrom(function_library(graph_def.node, self._functions))
         return graph_def, [t.name for t in wanted]
+
+
+def tensor_proto(value: Value, dtype: tf.DType) -> Any:
+    """The TensorProto of a known value; a Splat's holds its one value and its shape (TF's Const repeats
+    it), not every element: GPT-NeoX 20B's 44 rotary attention layers each fed ones(2048, 2048) float32
+    to a MatrixBandPart as 16 MB of bytes, 740 MB of the 748 MB folded graph."""
+    if isinstance(value, Splat):
+        if all(value.shape):
+            return tf.make_tensor_proto(np.asarray(value.value, dtype=value.dtype), dtype=dtype,
+                                        shape=value.shape)
+        value = value.materialise()  # no elements: nothing to repeat
+    return tf.make_tensor_proto(value, dtype=dtype)
 
 
 def literal_session_config() -> Any:

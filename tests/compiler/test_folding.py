@@ -163,3 +163,36 @@ def test_large_folded_values_are_fetched_one_by_one_and_equal_ones_shared(monkey
     assert values[0] is values[1] and values[2] is not values[0] and not values[0].flags.writeable
     assert values[3] is values[4]  # NaNs compare equal here
     assert values[5].flags.writeable  # small values are not shared
+
+
+def test_splats_feed_the_folded_subgraph_as_one_value_and_a_shape():
+    """A known splat (ones, zeros_like, fill) that the constant subgraph reads is fed as a Const holding one
+    value and the shape (TF repeats it), not every element: GPT-NeoX 20B's 44 rotary attention layers fed
+    ones(2048, 2048) float32 to a band_part as 740 MB of the 748 MB folded graph. The values are TF's."""
+    graph = tf.Graph()
+    with graph.as_default():
+        empty = tf.compat.v1.placeholder(tf.float32, [0, 5], name="empty")
+        folded = [
+            tf.linalg.band_part(tf.ones([256, 256]), -1, 0) * 3.0,  # the causal mask of a rotary layer
+            tf.linalg.band_part(tf.ones([256, 256], tf.float16), -1, 0) - 2.0,
+            tf.linalg.band_part(tf.fill([128, 256], tf.constant(1.5, tf.bfloat16)), 0, -1) * 2.0,
+            tf.math.logical_not(tf.fill([128, 128], True)),
+            tf.linalg.band_part(tf.fill([64, 64], np.float32(np.nan)), -1, 0) + 1.0,
+            tf.cumsum(tf.fill([300, 4], tf.constant(-7, tf.int64)), axis=0),
+            tf.reduce_sum(tf.zeros_like(empty) + 1.0),  # a splat with no elements
+        ]
+    ops = sorted({op for t in folded for op in _ancestors(t.op)}, key=lambda op: op._id)
+    folder = fold.Folder(ops)
+    assert all(folder.is_const(t) for t in folded)
+    graph_def, _ = folder._constant_subgraph(folded)
+    feeds = [node for node in graph_def.node if node.name.startswith("folded_input_")]
+    assert any(len(node.attr["value"].tensor.tensor_shape.dim) == 2 for node in feeds)
+    assert graph_def.ByteSize() < 16_384  # the 256x256 float32 ones alone are 262,144 bytes as elements
+    folder.evaluate(folded)
+    with tf.compat.v1.Session(graph=graph) as session:
+        expected = session.run(folded, {empty: np.zeros([0, 5], np.float32)})
+    for tensor, value in zip(folded, expected):
+        got = folder.value(tensor)
+        got = got.materialise() if isinstance(got, fold.Splat) else got
+        assert got.dtype == value.dtype and got.shape == value.shape, tensor.name
+        assert np.array_equal(got, value, equal_nan=True), tensor.name
