@@ -178,13 +178,7 @@ class Executor:
         # branch of an if-converted tf.cond may compute anything
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             self._run(self._plans[0], values, step, scale)
-            finite = True
-            if self._plans[1]:
-                finite = self._unscale_and_check(values)
-                self._run(self._plans[1], values, step, scale, skip_writes=not finite)
-                if self.grad_scaler is not None:
-                    self.grad_scaler.update(finite)
-            self._run(self._plans[2], values, step, scale)
+            finite = self._update(values, step, scale)
         outputs = {key: values[tid] for key, tid in self.program.outputs.items()}
         return StepResult(outputs=outputs, finite=finite, loss_scale=scale)
 
@@ -231,13 +225,7 @@ class Executor:
             values = dict(runs[0])
             for tid in self.program.gradients:
                 values[tid] = _average([run[tid] for run in runs])
-            finite = True
-            if self._plans[1]:
-                finite = self._unscale_and_check(values)
-                self._run(self._plans[1], values, step, scale, skip_writes=not finite)
-                if self.grad_scaler is not None:
-                    self.grad_scaler.update(finite)
-            self._run(self._plans[2], values, step, scale)
+            finite = self._update(values, step, scale)
         outputs = {}
         for key, tid in self.program.outputs.items():
             produced_later = tid not in runs[1]  # by the optimizer or global-step phase: computed once
@@ -245,6 +233,19 @@ class Executor:
         return StepResult(outputs=outputs, finite=finite, loss_scale=scale)
 
     # ---- internals ----------------------------------------------------------------
+    def _update(self, values: dict[int, np.ndarray], step: int, scale: float | None) -> bool:
+        """Phases 2 and 3 on phase 1's `values`: unscale and check the gradients, the optimizer kernels (their
+        writes skipped on a non-finite step), the loss scale's update, the global step. Whether the gradients
+        were finite."""
+        finite = True
+        if self._plans[1]:
+            finite = self._unscale_and_check(values)
+            self._run(self._plans[1], values, step, scale, skip_writes=not finite)
+            if self.grad_scaler is not None:
+                self.grad_scaler.update(finite)
+        self._run(self._plans[2], values, step, scale)
+        return finite
+
     def _bind_inputs(self, features: Any, labels: Any) -> dict[int, np.ndarray]:
         """Program input tensor id -> the batch's array, checked against the compiled shapes."""
         given = {**ir.input_leaves("features", features), **ir.input_leaves("labels", labels)}
