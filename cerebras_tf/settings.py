@@ -199,6 +199,7 @@ class CSSettings:
         args = {name: value for name in _RUN_CONFIG_ARGS if (value := run_config_value(config, name)) is not None}
         appliance = cs.appliance if cs else False
         mgmt_address = cs.cs_config.get("mgmt_address") or None if cs else None
+        strategy_set = cs is not None and "execution_strategy" in cs.cs_config
         return cls(
             cs_ip=cs.cs_ip if cs else None,
             appliance=appliance,
@@ -207,8 +208,9 @@ class CSSettings:
             fabric=cs.fabric if cs else WSE2,
             half_dtype=cs.half_dtype if cs else None,
             num_csx=cs.num_csx if cs else 1,
-            execution_strategy=_execution_strategy(cs, WEIGHT_STREAMING if weight_streaming_stack else PIPELINE),
-            execution_strategy_set=cs is not None and "execution_strategy" in cs.cs_config,
+            execution_strategy=cs.execution_strategy if strategy_set and cs else (
+                WEIGHT_STREAMING if weight_streaming_stack else PIPELINE),  # else the estimator's stack's default
+            execution_strategy_set=strategy_set,
             weight_streaming_stack=weight_streaming_stack,
             input_workers=input_workers,
             summaries=_SUMMARIES_ON_SYSTEM[-1] if _SUMMARIES_ON_SYSTEM else True,
@@ -225,11 +227,6 @@ class CSSettings:
             tf_config_error=tf_config_error,
             input_workers_error=input_workers_error,
         )
-
-
-def _execution_strategy(cs: CSRunConfig | None, default: str) -> str:
-    """The cs_config's execution strategy when it sets one, else `default` (the estimator's stack's)."""
-    return cs.execution_strategy if cs is not None and "execution_strategy" in cs.cs_config else default
 
 
 def _input_workers(cs: CSRunConfig | None, tf_config: str | None
