@@ -304,14 +304,9 @@ class CerebrasEstimator(EstimatorBase):
             _log.info("%s", result.summary())
         if result.placement is not None and not result.reused:
             logdir = os.path.join(self.model_dir, PLACEMENT_SUMMARY_DIR)
-            pattern = [os.path.join(glob.escape(logdir), "events.out.tfevents.*")]
-            before = write_failures.signatures(pattern)
-            try:
-                with write_failures.writing(self.model_dir, "writing the placement picture", logdir):
-                    write_image_summary(logdir, f"placement/{model.input.mode}", result.placement.to_png())
-            except Exception:
-                write_failures.remove_new_files(pattern, before)
-                raise
+            with write_failures.writing(self.model_dir, "writing the placement picture", logdir,
+                                        cleanup=[os.path.join(glob.escape(logdir), "events.out.tfevents.*")]):
+                write_image_summary(logdir, f"placement/{model.input.mode}", result.placement.to_png())
         return result
 
 

@@ -183,15 +183,10 @@ class TrainingSummaries:
     def write_graph(self, graph: tf.Graph) -> None:
         """The run's graph: graph.pbtxt in model_dir and the run's event file, as tf.estimator writes them."""
         temporary = [os.path.join(glob.escape(self._model_dir), f"{GRAPH_FILE}.tmp*")]  # tf.io.write_graph's copy
-        before = write_failures.signatures(temporary)
-        try:
-            with write_failures.writing(self._model_dir, f"writing the run's graph ({GRAPH_FILE} and "
-                                        f"{os.path.basename(self._writer.path)})",
-                                        os.path.join(self._model_dir, GRAPH_FILE)):
-                write_graph(self._model_dir, graph, self._writer)
-        except Exception:
-            write_failures.remove_new_files(temporary, before)
-            raise
+        with write_failures.writing(self._model_dir, f"writing the run's graph ({GRAPH_FILE} and "
+                                    f"{os.path.basename(self._writer.path)})",
+                                    os.path.join(self._model_dir, GRAPH_FILE), cleanup=temporary):
+            write_graph(self._model_dir, graph, self._writer)
 
     def step_done(self, batch_size: int) -> None:
         self._window_steps += 1
@@ -587,24 +582,14 @@ class CheckpointWriter:
         # what a save writes: the prefix's data and index files (and their *.tempstate* copies), and the
         # `checkpoint` state file's temporary copy (TF's atomic write leaves it behind when the write fails)
         written = [glob.escape(prefix) + ".*", os.path.join(glob.escape(self.model_dir), "checkpoint.tmp*")]
-        before = write_failures.signatures(written)
-        try:
-            with self._graph.as_default():
-                self._session.run(self._init, {self._feeds[name]: value for name, value in values.items()})
-                path = self._saver.save(self._session, os.path.join(self.model_dir, "model.ckpt"), global_step=step,
-                                        write_meta_graph=False)
-        except Exception as error:
-            removed = write_failures.remove_new_files(written, before)
-            if removed:
-                _log.info("Removed the partial files of the failed save of global step %d: %s", step,
-                          ", ".join(os.path.basename(name) for name in removed))
-            failure = write_failures.write_failure(error)
-            if failure is None:
-                raise
-            raise write_failures.write_error(
-                self.model_dir, f"saving the checkpoint of global step {step} ({os.path.basename(prefix)})",
-                f"{prefix}.index and {prefix}.data-00000-of-00001", failure, step=step,
-                needed=sum(np.asarray(value).nbytes for value in values.values())) from error
+        with write_failures.writing(self.model_dir,
+                                    f"saving the checkpoint of global step {step} ({os.path.basename(prefix)})",
+                                    f"{prefix}.index and {prefix}.data-00000-of-00001", cleanup=written, step=step,
+                                    needed=sum(np.asarray(value).nbytes for value in values.values())), \
+                self._graph.as_default():
+            self._session.run(self._init, {self._feeds[name]: value for name, value in values.items()})
+            path = self._saver.save(self._session, os.path.join(self.model_dir, "model.ckpt"), global_step=step,
+                                    write_meta_graph=False)
         _log.info("Saving checkpoints for %d into %s.", step, path)
         return path
 

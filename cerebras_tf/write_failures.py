@@ -25,6 +25,7 @@ from typing import Iterator
 import tensorflow as tf
 
 from cerebras_tf.errors import ModelDirWriteError
+from cerebras_tf.wse.units import fmt_bytes
 
 _log = logging.getLogger("tensorflow")
 
@@ -62,15 +63,6 @@ def free_bytes(path: str) -> int | None:
         return None
 
 
-def size_text(size: float) -> str:
-    """1536 -> '1.5 KiB'."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
-
-
 def resume_text(model_dir: str, step: int | None = None) -> str:
     """Where training again starts: the checkpoint the `checkpoint` state file names (the newest one whose
     save completed), or the initial values; `step` the global step whose progress is lost."""
@@ -92,8 +84,8 @@ def write_error(model_dir: str, what: str, path: str, failure: tuple[str, bool],
     reason, full = failure
     then = then or f"train again: {resume_text(model_dir, step)}"
     free = free_bytes(model_dir)
-    free_text = f"{size_text(free)} free on that filesystem" if free is not None else "free space unknown"
-    needs = f"; it needs about {size_text(needed)}" if needed else ""
+    free_text = f"{fmt_bytes(free)} free on that filesystem" if free is not None else "free space unknown"
+    needs = f"; it needs about {fmt_bytes(needed)}" if needed else ""
     if full:
         message = f"The disk holding model_dir {model_dir} is full: {what} failed ({reason}); {free_text}{needs}."
         fix = (f"Free space on that filesystem, or point model_dir at a disk with room (copy {model_dir} there to "
@@ -107,16 +99,23 @@ def write_error(model_dir: str, what: str, path: str, failure: tuple[str, bool],
 
 
 @contextlib.contextmanager
-def writing(model_dir: str, what: str, path: str, then: str | None = None) -> Iterator[None]:
+def writing(model_dir: str, what: str, path: str, then: str | None = None, *, cleanup: list[str] | None = None,
+            step: int | None = None, needed: int | None = None) -> Iterator[None]:
     """Raise a full disk's or an unwritable model_dir's error inside the block as a ModelDirWriteError
-    (write_error, `then` its last advice); any other error passes unchanged."""
+    (write_error with `then`, `step` and `needed`); any other error passes unchanged. On any error, the files
+    matching the glob patterns `cleanup` that the block created or changed are removed first (logged)."""
+    before = signatures(cleanup) if cleanup else {}
     try:
         yield
-    except (OSError, tf.errors.OpError) as error:
+    except Exception as error:
+        removed = remove_new_files(cleanup, before) if cleanup else []
+        if removed:
+            _log.info("Removed the partial files left by %s: %s", what,
+                      ", ".join(os.path.basename(name) for name in removed))
         failure = write_failure(error)
         if failure is None:
             raise
-        raise write_error(model_dir, what, path, failure, then=then) from error
+        raise write_error(model_dir, what, path, failure, step=step, needed=needed, then=then) from error
 
 
 def signatures(patterns: list[str]) -> FileSignatures:

@@ -26,7 +26,8 @@ import tensorflow as tf
 from cerebras_tf import CerebrasEstimator, CSRunConfig, cs_training, set_default_tf_config, tensorboard
 from cerebras_tf.errors import ModelDirWriteError
 from cerebras_tf.trainer_lock import LOCK_FILE
-from cerebras_tf.write_failures import size_text, write_failure
+from cerebras_tf.write_failures import write_failure
+from cerebras_tf.wse.units import fmt_bytes
 from test_executor import _input_fn, _model_fn  # the same small MLP as the executor tests
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -133,9 +134,9 @@ def test_a_full_disk_while_saving_names_it_and_leaves_the_previous_checkpoint_wh
         f"(model.ckpt-200) failed (No space left on device); {error.message.split('; ')[1]}; it needs about "
         f"{error.message.split('needs about ')[1]}")
     assert error.reason == "No space left on device" and isinstance(error.__cause__, tf.errors.ResourceExhaustedError)
-    # the space left when the save failed (said as "4.0 KiB free on that filesystem")
+    # the space left when the save failed (said as "4.1 KB free on that filesystem")
     assert error.free_bytes is not None and error.free_bytes <= leave + PAGE
-    assert f"; {size_text(error.free_bytes)} free on that filesystem; " in error.message
+    assert f"; {fmt_bytes(error.free_bytes)} free on that filesystem; " in error.message
     assert "free on that filesystem" in error.message and str(model_dir / "model.ckpt-200.index") in error.where
     assert "Free space on that filesystem, or point model_dir at a disk with room" in error.fix
     assert f"the run resumes from {model_dir / 'model.ckpt-100'} (global step 100)" in error.fix
