@@ -13,7 +13,8 @@ trains the same model with:
   chief only   input in the chief's process (no TF_CONFIG workers, the default)
   1 worker     TF_CONFIG with one `python -m cerebras_tf.input_workers` process
   2 workers    TF_CONFIG with two worker processes
-(--embedded: CSRunConfig(num_input_workers=N) in-process workers instead.)
+(--embedded: CSRunConfig(num_input_workers=N) in-process workers instead: reader
+threads in the chief's process, no network; 1 in-process worker is the chief alone.)
 samples/s is what training reports in its `samples/sec` summaries (mean after
 the first logging window). Prints the table and the 2-worker / 1-worker ratio
 (target >= 1.6x on 2 cores); exits non-zero below it. --stream-only measures
@@ -144,8 +145,7 @@ def run_stream(mode: str, workers: int, params: dict, secs: float) -> tuple[floa
         cluster, procs = _worker_processes(workers)
         stream = InputStream(input_fn, params, cluster=cluster, timeout_secs=120)
     else:
-        stream = InputStream(input_fn, params, cluster=Cluster("localhost:2222"), num_input_workers=workers,
-                             force_service=True)
+        stream = InputStream(input_fn, params, cluster=Cluster("localhost:2222"), num_input_workers=workers)
     try:
         return measure(stream, secs)
     finally:

@@ -56,8 +56,8 @@ class Cluster:
 
 @dataclasses.dataclass(frozen=True)
 class InputPlan:
-    """Where input runs: `local` (in the chief's process, no servers), `embedded`
-    (N in-process tf.data service workers) or `cluster` (the TF_CONFIG workers)."""
+    """Where input runs: `local` (in the chief's process, one reader), `embedded`
+    (N in-process workers, no network) or `cluster` (the TF_CONFIG workers, over tf.data service)."""
 
     mode: str
     num_workers: int
@@ -203,7 +203,7 @@ def plan_input_workers(cluster: Cluster, num_input_workers: int | None = None) -
 
     TF_CONFIG workers listed: `cluster` mode with those workers (num_input_workers,
     if given, must match: ConfigError otherwise). Otherwise num_input_workers > 1
-    starts that many embedded in-process workers; 1 or None runs input locally.
+    reads with that many in-process workers; 1 or None runs input locally.
     """
     if cluster.workers:
         if num_input_workers is not None and num_input_workers != len(cluster.workers):

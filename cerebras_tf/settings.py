@@ -62,7 +62,7 @@ _RUN_CONFIG_ARGS = tuple(name for name in inspect.signature(RunConfig.__init__).
 
 @dataclasses.dataclass(frozen=True)
 class InputWorkerSettings:
-    """Where a run's input comes from: the chief alone, embedded tf.data service workers, or TF_CONFIG's.
+    """Where a run's input comes from: the chief alone, in-process workers, or TF_CONFIG's.
 
     Attributes:
       cluster: TF_CONFIG's chief and `worker` tasks when the run started (a lone

@@ -329,12 +329,12 @@ def _xy_input_fn(seed=None, python_function=False):
 
 
 def _no_servers(monkeypatch):
-    from cerebras_tf.input_workers import InputServers
+    from cerebras_tf.input_workers import InputServers, InputStream
 
     def refuse(*args, **kwargs):
-        raise AssertionError("servers started before the input-worker rules ran")
+        raise AssertionError("input reading or servers started before the input-worker rules ran")
 
-    monkeypatch.setattr(InputServers, "embedded", refuse)
+    monkeypatch.setattr(InputStream, "_start", refuse)
     monkeypatch.setattr(InputServers, "for_cluster", refuse)
 
 

@@ -1,6 +1,7 @@
-"""Host-side input streaming for the simulated CS system: input workers on tf.data service.
+"""Host-side input streaming for the simulated CS system: the chief's reader, in-process workers, and
+TF_CONFIG's input workers on tf.data service.
 
-- service: the chief's tf.data service dispatcher, embedded workers, registration wait, shutdown.
+- service: the chief's tf.data service dispatcher for TF_CONFIG workers, registration wait, shutdown.
 - stream: InputStream, numpy (features, labels) batches with per-worker counts and fault handling.
 
 TF_CONFIG parsing and where input runs (Cluster, InputPlan) live in cerebras_tf/cluster.py, which the

@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
 
-    from cerebras_tf.input_workers.service import is_listening, start_worker  # imports TensorFlow
+    from cerebras_tf.input_workers.service import is_listening, log_listening, start_worker  # imports TensorFlow
 
     log.info("Input worker %s: waiting up to %.0f s for the chief's dispatcher at %s.",
              name, args.wait_for_chief_secs, cluster.dispatcher_address)
@@ -88,6 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   getattr(exc, "message", exc))
         return 4
     log.info("Input worker %s registered with the dispatcher at %s; serving.", name, cluster.dispatcher_address)
+    log_listening(f"input worker {name}", int(address.rsplit(":", 1)[1]), cluster)
     try:
         gone_since: float | None = None
         while not stop.wait(args.poll_secs):

@@ -1,5 +1,6 @@
-"""tf.data service servers for the input workers: the chief's dispatcher, embedded
-in-process workers, the registration wait and shutdown.
+"""tf.data service servers for TF_CONFIG's input workers: the chief's dispatcher,
+a worker's server, the registration wait, shutdown, and the log line saying
+what listens.
 
 The dispatcher is configured with the fixed list of worker addresses: this is
 what lets every worker learn its own index (tf.data service's static-sharding
@@ -12,6 +13,13 @@ which ones. `wait_for_workers` polls that count; on timeout it names the missing
 tasks by probing each worker address with a TCP connect (nothing listening =
 not started). If every address answers but the count is short, it names them
 all as unconfirmed, since TF cannot tell which one failed to register.
+
+Exposure: TF's tf.data service servers listen on every interface of the
+machine (`[::]:port`; their configs have no bind address), and tf.data service
+has no authentication: whoever reaches a worker or the dispatcher can have it
+run dataset graphs. So they are started only when TF_CONFIG names worker tasks
+(in-process workers use no network, see stream.py), and each process says once
+which of its ports listen and to whom (`log_listening`).
 """
 from __future__ import annotations
 
@@ -28,6 +36,9 @@ from cerebras_tf.cluster import Cluster
 log = logging.getLogger("cerebras_tf.input_workers")
 
 _service = tf.data.experimental.service
+
+_LOOPBACK_HOSTS = ("127.", "localhost", "::1", "[::1]")
+_logged_ports: set[int] = set()
 
 WORKER_HEARTBEAT_MS = 500
 DISPATCHER_WORKER_TIMEOUT_MS = 3000
@@ -48,6 +59,31 @@ def is_listening(address: str, timeout: float = 0.5) -> bool:
             return True
     except OSError:
         return False
+
+
+def is_loopback(address: str) -> bool:
+    """True if a 'host:port' names this machine's loopback interface."""
+    return address.rsplit(":", 1)[0].lower().startswith(_LOOPBACK_HOSTS)
+
+
+def log_listening(what: str, port: int, cluster: Cluster) -> None:
+    """Say once per process and port that a tf.data service server listens on every interface, without
+    authentication; a warning when every task of `cluster` is on this machine (nobody asked for the network)."""
+    if port in _logged_ports:
+        return
+    _logged_ports.add(port)
+    addresses = (cluster.chief, *cluster.workers)
+    if all(is_loopback(address) for address in addresses):
+        log.warning(
+            "The %s listens on port %d of every network interface, although every TF_CONFIG task is on this "
+            "machine: TF's tf.data service servers cannot be bound to loopback, and they have no authentication "
+            "(anyone who reaches the port can have it run dataset graphs). For input workers on one machine use "
+            "CSRunConfig(num_input_workers=N) without TF_CONFIG workers: they use no network.", what, port)
+        return
+    log.info(
+        "The %s listens on port %d of every network interface (tf.data service has no authentication: keep the "
+        "chief and the input workers %s on a trusted network, and this port closed to other hosts).",
+        what, port, ", ".join(cluster.workers))
 
 
 def start_dispatcher(port: int, worker_addresses: Sequence[str]) -> "tf.data.experimental.service.DispatchServer":
@@ -129,7 +165,7 @@ def wait_for_workers(
 
 
 class InputServers:
-    """The dispatcher (and, in embedded mode, the workers) of one input stream.
+    """The dispatcher (and, in tests, workers started in this process) of one input stream.
 
     `stop()` is idempotent and stops workers before the dispatcher.
     """
@@ -147,28 +183,11 @@ class InputServers:
         return self.dispatcher.target
 
     @classmethod
-    def embedded(cls, num_workers: int, timeout_secs: float = 60.0) -> "InputServers":
-        """A dispatcher and `num_workers` workers in this process, on free loopback ports."""
-        workers_addresses = tuple(f"127.0.0.1:{free_port()}" for _ in range(num_workers))
-        dispatcher = start_dispatcher(0, workers_addresses)
-        cluster = Cluster(chief=f"127.0.0.1:{dispatcher.target.rsplit(':', 1)[1]}", workers=workers_addresses)
-        servers = cls(cluster, dispatcher)
-        try:
-            for address in workers_addresses:
-                servers.workers.append(start_worker(cluster.dispatcher_address, address))
-            wait_for_workers(dispatcher, cluster, timeout_secs)
-        except BaseException:
-            servers.stop()
-            raise
-        log.info("Started %d embedded input worker(s) behind an in-process dispatcher at %s.",
-                 num_workers, cluster.dispatcher_address)
-        return servers
-
-    @classmethod
     def for_cluster(cls, cluster: Cluster, timeout_secs: float = 120.0) -> "InputServers":
         """The chief's dispatcher on its TF_CONFIG port; waits for the TF_CONFIG workers to register."""
         port = int(cluster.chief.rsplit(":", 1)[1])
         servers = cls(cluster, start_dispatcher(port, cluster.workers))
+        log_listening("tf.data service dispatcher for the input workers", port, cluster)
         try:
             wait_for_workers(servers.dispatcher, cluster, timeout_secs)
         except BaseException:
@@ -177,7 +196,7 @@ class InputServers:
         return servers
 
     def stop_worker(self, index: int) -> None:
-        """Stop one embedded worker (used to simulate a lost worker)."""
+        """Stop one worker started in this process (tests: a lost worker)."""
         self.workers[index].stop()
 
     def stop(self) -> None:

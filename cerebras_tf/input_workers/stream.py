@@ -1,15 +1,20 @@
-"""InputStream: numpy (features, labels) batches for the simulated WSE, streamed
-from several input workers over tf.data service, or from the chief's own process.
+"""InputStream: numpy (features, labels) batches for the simulated WSE, read in
+the chief's process (by one reader, or by several in-process workers), or
+streamed from TF_CONFIG's input workers over tf.data service.
 
 How it works:
-- input_fn(params) runs once, on the chief, in eager mode; tf.data service ships
-  the dataset graph to every worker, and each worker runs the whole pipeline
-  (parallel epochs). An unseeded shuffle draws fresh random seeds on every
-  worker, so each worker sends its own order. The CS rules on the pipeline
+- input_fn(params) runs once, on the chief, in eager mode. Every worker runs
+  the whole pipeline (parallel epochs): an in-process worker is a reader
+  thread with its own iterator of the dataset; a TF_CONFIG worker receives the
+  dataset graph from tf.data service. An unseeded shuffle draws fresh random
+  seeds for every iterator, so each worker sends its own order. The CS rules on the pipeline
   (no fixed shuffle seed with several workers, no Python functions for remote
   workers) are not checked here: precheck applies them, once, to the dataset
   it captured (rules/input.py), before any server starts.
-- Worker attribution: tf.data service does not say which worker produced an
+- In-process workers use no network at all: nothing listens, and each reader
+  thread knows its index. Their speed-up over one reader comes from TF running
+  the iterators' GetNext (which releases the GIL) on several cores at once.
+- Worker attribution over tf.data service: it does not say which worker produced an
   element, so each worker tags its elements with its own index. The dataset is
   zipped with `range(N).shard(SHARD_HINT, SHARD_HINT).repeat()`, and the
   dispatcher's static-sharding HINT policy rewrites the placeholders to
@@ -17,13 +22,13 @@ How it works:
   in TF_CONFIG 'cluster.worker'. Nothing else is sharded: the user's data is not
   touched, so every worker still runs the whole dataset. The tag is stripped
   before a batch is yielded.
-- A background thread reads the tf.data service iterator (or, with no
-  workers, the local dataset) into a small buffer, so input overlaps the
+- Background threads read the tf.data service iterator (or the local
+  iterators) into a small buffer, so input overlaps the
   training steps; the consumer's wait on that buffer is the input-wait time.
   Elements travel uncompressed (numeric batches compress poorly; compressing costs worker and
   chief CPU). The client is tf.data service's private `_distribute`, for its
   task_refresh_interval_hint_ms (how fast a new or lost worker is noticed).
-- Faults: a monitor probes each worker address (TCP connect) every
+- Faults of TF_CONFIG workers: a monitor probes each worker address (TCP connect) every
   `probe_interval_secs`; two failed probes in a row mark a worker lost
   (warning naming it; tf.data service keeps reading from the others). When all
   are lost the stream raises InputWorkerError once the buffer is drained
@@ -31,7 +36,9 @@ How it works:
   on a worker arrives as "Failed to get element from worker <address>: ..."
   (taken apart in failures.py); the stream raises InputWorkerError naming the
   worker, the TF error, and the line of the user's input_fn that created the
-  failing op (estimator.dataset.failing_op_location).
+  failing op (estimator.dataset.failing_op_location). An in-process
+  worker's pipeline error gets the same InputWorkerError; an in-process
+  worker cannot be lost on its own (it dies with the chief).
 - Evaluation and prediction on the system read through the same class in local
   mode (InputStream.local): input_fn's data in the chief's process, read ahead.
 """
@@ -108,14 +115,16 @@ class _End:
 
 
 class _Failure:
-    """A reader error. From tf.data service it is kept as text only: the exception's frames would keep
-    the iterator (and its service client) alive after the dispatcher stops. A local error is kept whole,
-    to be re-raised as it is."""
+    """A reader error, and the in-process worker whose reader raised it (None: tf.data service's reader).
+    From tf.data service it is kept as text only: the exception's frames would keep the iterator (and its
+    service client) alive after the dispatcher stops. A local error is kept whole: the chief's lone reader
+    re-raises it as it is."""
 
-    def __init__(self, error: BaseException, keep: bool = False) -> None:
+    def __init__(self, error: BaseException, worker: int | None, keep: bool = False) -> None:
         self.kind = type(error).__name__
         self.text = getattr(error, "message", None) or str(error)
-        self.error = error if keep else None  # local reading: re-raised as it is
+        self.worker = worker
+        self.error = error if keep else None
 
 
 class InputStream:
@@ -125,22 +134,20 @@ class InputStream:
       input_fn: the user's input function, called once, with `params` only.
       params: the params dict passed to input_fn.
       cluster: the TF_CONFIG cluster; default: parsed from the environment.
-      num_input_workers: >1 without TF_CONFIG workers starts that many embedded
-        in-process workers; 1/None with no TF_CONFIG workers reads locally.
+      num_input_workers: >1 without TF_CONFIG workers reads with that many
+        in-process workers (no network); 1/None with no TF_CONFIG workers reads locally.
       plan: where input runs, already decided (CSSettings' plan, or LOCAL_PLAN);
         replaces num_input_workers.
       timeout_secs: how long to wait for TF_CONFIG workers to register.
       probe_interval_secs: how often the worker addresses are probed.
       buffer_size: batches read ahead (from tf.data service, or locally).
-      force_service: use tf.data service even with one embedded worker
-        (benchmarks; the default reads a lone worker's data locally).
-      servers: already running InputServers to stream through (e.g. kept for
-        several train() calls, so TF_CONFIG workers do not see the chief go
-        away in between); the stream leaves them running on close().
+      servers: an already running dispatcher for TF_CONFIG workers to stream
+        through (e.g. kept for several streams, so the workers do not see the
+        chief go away in between); the stream leaves it running on close().
 
     A CS run builds it with `from_settings` (training) or `local` (evaluation,
-    prediction). Use as a context manager, or call close(): it stops every
-    server it started.
+    prediction). Use as a context manager, or call close(): it stops its
+    reader threads and the dispatcher it started for TF_CONFIG workers.
     """
 
     def __init__(
@@ -154,23 +161,22 @@ class InputStream:
         timeout_secs: float = 120.0,
         probe_interval_secs: float = 0.5,
         buffer_size: int = 8,
-        force_service: bool = False,
         servers: InputServers | None = None,
     ) -> None:
         self._params = dict(params or {})
         self._cluster = cluster if cluster is not None else cluster_from_environ()
         if plan is None:
             plan = plan_input_workers(self._cluster, check_num_input_workers(num_input_workers, "InputStream"))
-        self.plan: InputPlan = plan
         if servers is not None:
-            self.plan = InputPlan(self.plan.mode if self.plan.mode != "local" else "embedded",
-                                  len(servers.cluster.workers))
-        elif force_service and self.plan.mode == "local":
-            self.plan = InputPlan("embedded", self.plan.num_workers)
+            plan = InputPlan("cluster", len(servers.cluster.workers))
+        self.plan: InputPlan = plan
         self._input_fn = input_fn
         self._probe_interval = probe_interval_secs
         self._servers: InputServers | None = servers
         self._owns_servers = servers is None
+        self._readers = 0  # reader threads started; the stream ends when every one has ended
+        self._ended = 0
+        self._failure: _Failure | None = None
         self._closed = False
         self._stop = threading.Event()
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, buffer_size))
@@ -185,19 +191,19 @@ class InputStream:
         self._stats = InputStats(self._worker_names, {name: 0 for name in self._worker_names})
 
     def _start(self, input_fn: Callable[[Mapping[str, Any]], tf.data.Dataset], timeout_secs: float) -> None:
-        """Build input_fn's Dataset (and the servers the plan asks for) and start reading it."""
+        """Build input_fn's Dataset (and, for TF_CONFIG workers, the dispatcher) and start reading it."""
         dataset = _call_input_fn(input_fn, self._params)
         self._dataset = dataset
         if self.plan.mode == "local":
             self._worker_names: tuple[str, ...] = ("chief",)
-            self._start_reader((0, element) for element in _elements(dataset))
+            self._start_reader(0, _elements(dataset))
+        elif self.plan.mode == "embedded":
+            self._worker_names = tuple(f"worker:{i} (in-process)" for i in range(self.plan.num_workers))
+            for index in range(self.plan.num_workers):
+                self._start_reader(index, _elements(dataset))
         else:
             if self._servers is None:
-                self._servers = (
-                    InputServers.for_cluster(self._cluster, timeout_secs)
-                    if self.plan.mode == "cluster"
-                    else InputServers.embedded(self.plan.num_workers, timeout_secs)
-                )
+                self._servers = InputServers.for_cluster(self._cluster, timeout_secs)
             try:
                 self._worker_names = tuple(
                     self._servers.cluster.worker_name(i) for i in range(len(self._servers.cluster.workers))
@@ -226,7 +232,8 @@ class InputStream:
 
     @property
     def servers(self) -> InputServers | None:
-        """The tf.data service servers this stream started (None when reading locally)."""
+        """The tf.data service dispatcher this stream started for TF_CONFIG workers (None when reading in this
+        process)."""
         return self._servers
 
     @property
@@ -253,7 +260,7 @@ class InputStream:
         if self._started_at is None:
             self._started_at = time.monotonic()
         waited_from = time.monotonic()
-        worker, batch = self._next_from_reader()  # StopIteration ends a finite dataset
+        worker, batch = self._next_from_reader()  # StopIteration once every reader's dataset has ended
         with self._lock:
             self._stats.input_wait_secs += time.monotonic() - waited_from
             self._stats.batches += 1
@@ -303,16 +310,18 @@ class InputStream:
                 compression=None,
             )
         )
-        self._start_reader((int(tag), element) for element, tag in _elements(distributed))
+        self._start_reader(None, ((int(tag), element) for element, tag in _elements(distributed)))
         monitor = threading.Thread(target=self._monitor, name="cerebras-input-monitor", daemon=True)
         self._threads.append(monitor)
         monitor.start()
 
-    def _start_reader(self, elements: Iterator[tuple[int, Any]]) -> None:
-        """A thread reading (worker index, element) pairs ahead into the buffer, so input overlaps the steps."""
-        reader = threading.Thread(target=eager_thread(self._read), args=(elements,), name="cerebras-input-reader",
-                                  daemon=True)
+    def _start_reader(self, worker: int | None, elements: Iterator[Any]) -> None:
+        """A thread reading elements ahead into the buffer, so input overlaps the steps: those of in-process
+        worker `worker`, or (worker None) tf.data service's (worker index, element) pairs."""
+        name = "cerebras-input-reader" if worker is None else f"cerebras-input-worker-{worker}"
+        reader = threading.Thread(target=eager_thread(self._read), args=(worker, elements), name=name, daemon=True)
         self._threads.append(reader)
+        self._readers += 1
         reader.start()
 
     def _put(self, item: Any) -> bool:
@@ -324,18 +333,19 @@ class InputStream:
                 continue
         return False
 
-    def _read(self, elements: Iterator[tuple[int, Any]]) -> None:
+    def _read(self, worker: int | None, elements: Iterator[Any]) -> None:
         try:
             while not self._stop.is_set():
                 try:
-                    worker, element = next(elements)
+                    item = next(elements)
                 except StopIteration:
                     self._put(_End())
                     return
-                if not self._put((worker, _to_numpy(element))):
+                index, element = item if worker is None else (worker, item)
+                if not self._put((index, _to_numpy(element))):
                     return
         except Exception as exc:  # noqa: BLE001 - handed to the consumer
-            self._put(_Failure(exc, keep=self._servers is None))
+            self._put(_Failure(exc, worker, keep=worker is not None))
         finally:
             del elements
 
@@ -368,6 +378,10 @@ class InputStream:
             return bool(self._worker_names) and len(self._lost) == len(self._worker_names)
 
     def _next_from_reader(self) -> tuple[int, Batch]:
+        if self._failure is not None:  # keeps reporting the first failure
+            raise self._failure_error(self._failure) from None
+        if self._ended >= self._readers:
+            raise StopIteration
         while True:
             try:
                 item = self._queue.get(timeout=0.1)
@@ -381,19 +395,27 @@ class InputStream:
                         "them with the same TF_CONFIG, and resume training from the last checkpoint.",
                     ) from None
         if isinstance(item, _End):
-            self._put(item)  # keep reporting the end
-            raise StopIteration
+            self._ended += 1
+            if self._ended >= self._readers:
+                raise StopIteration
+            return self._next_from_reader()  # the other workers go on (parallel epochs)
         if isinstance(item, _Failure):
-            self._put(item)
-            if item.error is not None:
-                raise item.error
-            raise self._worker_failure(item) from None
+            self._failure = item
+            raise self._failure_error(item) from None
         return item
+
+    def _failure_error(self, failure: _Failure) -> BaseException:
+        """The chief's lone reader raises the pipeline's error as it is; a worker's is an InputWorkerError."""
+        if failure.error is not None and self.plan.mode == "local":
+            return failure.error
+        return self._worker_failure(failure)
 
     def _worker_failure(self, failure: _Failure) -> InputWorkerError:
         error = parse_worker_error(failure.text)
         worker = "an input worker"
-        if error.address is not None and self._servers is not None:
+        if failure.worker is not None:
+            worker = f"input worker {self._worker_names[failure.worker]}"
+        elif error.address is not None and self._servers is not None:
             cluster = self._servers.cluster
             if error.address in cluster.workers:
                 worker = f"input worker {cluster.worker_name(cluster.workers.index(error.address))}"

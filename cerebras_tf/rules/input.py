@@ -306,7 +306,7 @@ def check_remote_python_functions(info: DatasetInfo, input_workers: InputWorkerS
                                   mode: str) -> list[CerebrasError]:
     """Training with the TF_CONFIG input workers: no Python functions in the pipeline. tf.data service ships
     the dataset graph to other machines, where the Python function behind a py_function op does not exist.
-    (Embedded workers share the chief's process, and evaluation/prediction read in the chief's process.)"""
+    (In-process workers share the chief's process, and evaluation/prediction read in the chief's process.)"""
     if mode != ModeKeys.TRAIN or input_workers.plan.mode != "cluster":
         return []
     found = [function for function in info.functions if function.op_types & PYTHON_FUNCTION_OPS]
@@ -320,6 +320,6 @@ def check_remote_python_functions(info: DatasetInfo, input_workers: InputWorkerS
             "the Python function exists only in the chief's process.",
             where=call or found[0].transformation.location or info.source_location,
             fix="Express the preprocessing with TensorFlow ops, or run without TF_CONFIG workers "
-            "(embedded workers via CSRunConfig(num_input_workers=N) share the chief's process).",
+            "(in-process workers via CSRunConfig(num_input_workers=N) share the chief's process).",
         )
     ]

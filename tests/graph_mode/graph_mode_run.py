@@ -176,7 +176,7 @@ def nested_conds_and_workers():
     ok("a while loop in a nested branch is refused")
     cerebras_tf.release_system()
     workers = estimator("workers", nested_cond_model_fn, params={}, num_input_workers=2)
-    workers.train(regression_input_fn, max_steps=6)  # two embedded tf.data service workers (loopback)
+    workers.train(regression_input_fn, max_steps=6)  # two in-process input workers (no network)
     assert workers.get_variable_value("global_step") == 6
     ok("two input workers")
     cerebras_tf.release_system()

@@ -1,4 +1,5 @@
-"""Helpers for the input-worker tests: loopback ports, worker processes that are always stopped."""
+"""Helpers for the input-worker tests: loopback ports, worker processes that are always stopped, what this
+process listens on."""
 from __future__ import annotations
 
 import os
@@ -50,3 +51,29 @@ def spawn_worker() -> Iterator[Callable[..., subprocess.Popen]]:
             proc.wait(timeout=30)
             if proc.stdout:
                 proc.stdout.close()
+
+
+def _listening_ports_of_this_process() -> set[int]:
+    """TCP ports this process listens on, on any interface (what `ss -ltnp` shows for it), from /proc."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+@pytest.fixture
+def listening_ports() -> Callable[[], set[int]]:
+    """listening_ports() -> the TCP ports this process listens on now."""
+    return _listening_ports_of_this_process

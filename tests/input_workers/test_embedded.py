@@ -1,14 +1,15 @@
-"""InputStream in one process: local reading, embedded tf.data service workers, rules and faults."""
+"""InputStream in one process: local reading, in-process workers (no network), rules and faults; the
+tf.data service dispatcher's registration wait and its log of what listens."""
 from __future__ import annotations
 
+import logging
 import time
-import warnings
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from cerebras_tf.errors import InputFunctionError, InputWorkerError, InputWorkerWarning
+from cerebras_tf.errors import InputFunctionError, InputWorkerError
 from cerebras_tf.input_workers import Cluster, InputServers, InputStream
 from cerebras_tf.input_workers import service
 from cerebras_tf.input_workers.service import is_listening
@@ -30,17 +31,6 @@ def _read_until(stream, predicate, max_batches=10**7, max_secs=30.0):
         if predicate() or time.monotonic() > deadline:
             return
     return
-
-
-def _drain(stream, lost, quiet_batches=30, max_batches=2000):
-    """Read until `lost` has sent nothing for `quiet_batches` batches (what it sent before dying is buffered)."""
-    quiet, last = 0, stream.stats().samples_per_worker[lost]
-    for _ in range(max_batches):
-        next(stream)
-        count = stream.stats().samples_per_worker[lost]
-        quiet, last = (quiet + 1, last) if count == last else (0, count)
-        if quiet >= quiet_batches:
-            return
 
 
 def test_local_stream_without_workers_starts_no_servers():
@@ -72,12 +62,11 @@ def test_a_local_stream_reads_ahead_ends_with_finite_data_and_raises_pipeline_er
             next(stream)
 
 
-def test_two_embedded_workers_each_send_fixed_batches_in_their_own_order():
+def test_two_in_process_workers_send_fixed_batches_and_nothing_listens(listening_ports):
+    listening_before = listening_ports()
     stream = InputStream(input_fn, {"batch_size": BATCH}, cluster=Cluster("localhost:2222"), num_input_workers=2)
     try:
-        dispatcher = stream.servers.cluster.dispatcher_address
-        worker_addresses = stream.servers.cluster.workers
-        assert len(worker_addresses) == 2
+        assert stream.servers is None and stream.workers == ("worker:0 (in-process)", "worker:1 (in-process)")
         shapes = set()
         _read_until(stream, lambda: min(stream.stats().samples_per_worker.values()) >= 16 * BATCH)
         for _ in range(10):
@@ -92,9 +81,24 @@ def test_two_embedded_workers_each_send_fixed_batches_in_their_own_order():
         expected = {"input/samples_per_sec", "input/wait_secs", "input/worker_0_share", "input/worker_1_share"}
         assert expected <= set(summary)
         assert summary["input/samples_per_sec"] > 0 and summary["input/wait_secs"] > 0
+        assert listening_ports() == listening_before  # no server, on any interface
     finally:
         stream.close()
-    assert not is_listening(dispatcher) and not any(is_listening(a) for a in worker_addresses)
+    assert not any(thread.is_alive() for thread in stream._threads)
+
+
+def test_in_process_workers_each_run_a_finite_dataset_whole():
+    """Parallel epochs: each worker sends every batch once; the stream ends when both have ended."""
+    def finite(params):
+        return tf.data.Dataset.range(12).batch(3)
+
+    with InputStream(finite, {}, cluster=Cluster("localhost:2222"), num_input_workers=2) as stream:
+        batches = sorted(batch.tolist() for batch, _ in stream)
+        stats = stream.stats()
+        with pytest.raises(StopIteration):
+            next(stream)
+    assert batches == sorted(2 * [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]])
+    assert stats.samples_per_worker == {"worker:0 (in-process)": 12, "worker:1 (in-process)": 12}
 
 
 def test_each_worker_shuffles_differently():
@@ -147,31 +151,9 @@ def test_a_pipeline_error_on_a_worker_names_the_worker_and_the_user_line():
             for _ in range(100):
                 next(stream)
     message = str(info.value)
-    assert "The input pipeline failed on input worker worker:" in message
+    assert "The input pipeline failed on input worker worker:" in message and "(in-process)" in message
     assert "sample id out of range in preprocess" in message
     assert "test_embedded.py" in message  # the assert_less line in the user's input_fn
-
-
-def test_a_lost_embedded_worker_warns_and_the_stream_continues():
-    with InputStream(input_fn, {"batch_size": BATCH}, cluster=Cluster("localhost:2222"), num_input_workers=2,
-                     probe_interval_secs=0.2) as stream:
-        _read_until(stream, lambda: min(stream.stats().samples_per_worker.values()) > 0)
-        lost = stream.workers[1]
-        with warnings.catch_warnings(record=True) as caught:  # before the stop: the monitor may warn at once
-            warnings.simplefilter("always")
-            stream.servers.stop_worker(1)
-            # the monitor thread records the loss, then warns: wait for the warning too, inside this block
-            _read_until(stream, lambda: bool(stream.stats().lost_workers)
-                        and any(issubclass(w.category, InputWorkerWarning) for w in caught))
-        _drain(stream, lost)
-        before = stream.stats().samples_per_worker
-        for _ in range(50):
-            next(stream)
-        after = stream.stats().samples_per_worker
-    messages = [str(w.message) for w in caught if issubclass(w.category, InputWorkerWarning)]
-    assert messages and lost in messages[0] and "continues on the remaining 1 worker" in messages[0]
-    assert after[lost] == before[lost]
-    assert after[stream.workers[0]] == before[stream.workers[0]] + 50 * BATCH
 
 
 def test_registration_timeout_names_the_missing_task():
@@ -220,11 +202,16 @@ def test_the_chief_names_the_tf_config_workers_that_never_registered():
     assert not is_listening(cluster.dispatcher_address)  # the dispatcher was stopped
 
 
-def test_streams_can_share_running_servers():
-    with InputServers.embedded(2) as servers:
-        for _ in range(2):
-            with InputStream(input_fn, {"batch_size": BATCH}, cluster=servers.cluster, servers=servers) as stream:
-                _read_until(stream, lambda: min(stream.stats().samples_per_worker.values()) > 0, max_secs=20)
-                assert min(stream.stats().samples_per_worker.values()) > 0
-            assert is_listening(servers.cluster.dispatcher_address)  # left running for the next stream
-    assert not is_listening(servers.cluster.dispatcher_address)
+def test_the_dispatcher_says_what_listens_and_warns_when_every_task_is_on_this_machine(caplog):
+    """TF's servers listen on every interface without authentication: logged once per port."""
+    local = _two_loopback_workers()
+    remote = Cluster("10.1.2.3:2222", ("10.1.2.4:2223", "10.1.2.5:2224"))
+    caplog.set_level(logging.INFO, logger="cerebras_tf.input_workers")
+    service.log_listening("tf.data service dispatcher", 40001, local)
+    service.log_listening("tf.data service dispatcher", 40001, local)  # once per port
+    service.log_listening("input worker worker:0 (10.1.2.4:2223)", 40002, remote)
+    records = [r for r in caplog.records if "listens on port" in r.getMessage()]
+    assert [r.levelno for r in records] == [logging.WARNING, logging.INFO]
+    assert "port 40001 of every network interface" in records[0].getMessage()
+    assert "num_input_workers=N" in records[0].getMessage()
+    assert "no authentication" in records[1].getMessage() and "10.1.2.5:2224" in records[1].getMessage()

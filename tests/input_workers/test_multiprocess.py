@@ -102,6 +102,7 @@ def test_input_worker_command_refuses_bad_tf_config(env_for):
 
 
 _ALL_LOST_CHIEF = textwrap.dedent("""
+    import json, os, signal, subprocess, sys
     import tensorflow as tf
     from cerebras_tf.errors import InputWorkerError
     from cerebras_tf.input_workers import Cluster, InputStream
@@ -109,11 +110,16 @@ _ALL_LOST_CHIEF = textwrap.dedent("""
     def input_fn(params):
         return tf.data.Dataset.range(100).shuffle(100).batch(4, drop_remainder=True).repeat()
 
-    stream = InputStream(input_fn, {}, cluster=Cluster("localhost:2222"), num_input_workers=2, probe_interval_secs=0.2)
+    cluster = Cluster(sys.argv[1], tuple(sys.argv[2:]))
+    workers = [subprocess.Popen([sys.executable, "-m", "cerebras_tf.input_workers"],
+                                env=dict(os.environ, TF_CONFIG=cluster.tf_config("worker", i)),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(2)]
+    stream = InputStream(input_fn, {}, cluster=cluster, probe_interval_secs=0.2, timeout_secs=90)
     for _ in range(10):
         next(stream)
-    stream.servers.stop_worker(0)
-    stream.servers.stop_worker(1)
+    for worker in workers:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
     try:
         for _ in range(100000):
             next(stream)
@@ -127,7 +133,8 @@ _ALL_LOST_CHIEF = textwrap.dedent("""
 def test_the_run_stops_with_a_clear_error_when_all_workers_are_lost(env_for):
     # In its own process: tf.data service's client keeps retrying forever in a
     # thread once no worker is left; the process exit ends it.
-    result = subprocess.run([sys.executable, "-c", _ALL_LOST_CHIEF], cwd=ROOT, env=env_for(""),
-                            capture_output=True, text=True, timeout=120)
+    cluster = _loopback_cluster(2)
+    result = subprocess.run([sys.executable, "-c", _ALL_LOST_CHIEF, cluster.chief, *cluster.workers], cwd=ROOT,
+                            env=env_for(""), capture_output=True, text=True, timeout=180)
     assert "RAISED [Input Workers] All 2 input workers are lost" in result.stdout, result.stdout + result.stderr
     assert "worker:0" in result.stdout and "worker:1" in result.stdout

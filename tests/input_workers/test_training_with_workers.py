@@ -1,4 +1,4 @@
-"""train(use_cs=True) fed by input workers: embedded, and as `python -m cerebras_tf.input_workers` processes."""
+"""train(use_cs=True) fed by input workers: in-process, and as `python -m cerebras_tf.input_workers` processes."""
 from __future__ import annotations
 
 import logging
@@ -74,7 +74,11 @@ def cpu_loss(model_dir) -> float:
     return evaluation.evaluate(lambda params: input_fn(params).take(8), steps=8)["loss"]
 
 
-def test_two_embedded_input_workers_feed_training_and_summaries_show_their_shares(tmp_path, caplog):
+def test_two_in_process_input_workers_feed_training_listen_nowhere_and_summaries_show_their_shares(
+        tmp_path, caplog, at_step, listening_ports):
+    listening_before = listening_ports()
+    listening_during: list[set[int]] = []
+    at_step(60, lambda: listening_during.append(listening_ports()))
     tf_logger = logging.getLogger("tensorflow")
     tf_logger.addHandler(caplog.handler)  # TF's logger does not propagate to the root logger
     try:
@@ -82,6 +86,7 @@ def test_two_embedded_input_workers_feed_training_and_summaries_show_their_share
             train(tmp_path, 120, num_input_workers=2)
     finally:
         tf_logger.removeHandler(caplog.handler)
+    assert listening_during == [listening_before]  # the in-process workers use no network
     assert re.search(r"Trained steps 1-120 in [\d.]+ s on the simulated WSE \(\d+ samples/s on this host; "
                      r"the compiled placement estimates \d+ samples/s on the wafer\)", caplog.text), caplog.text
     assert "Streaming input from 2 input workers" in caplog.text
