@@ -7,9 +7,10 @@ and an unwritable directory as a PermissionDeniedError ("Permission denied",
 EACCES, EPERM or EROFS. `writing` turns any of them, raised while a run writes
 into model_dir, into a ModelDirWriteError naming model_dir, the file being
 written, the space left on that filesystem and the fix: free space or move
-model_dir, and train again from the newest checkpoint, which it names. Other
-errors pass unchanged. `remove_new_files` removes what a failed write created
-and nothing else.
+model_dir, and train again from the newest checkpoint, which it names. The
+compiled artifact's writes name compile_dir instead (name="compile_dir"),
+which may be a directory of its own. Other errors pass unchanged.
+`remove_new_files` removes what a failed write created and nothing else.
 """
 from __future__ import annotations
 
@@ -76,34 +77,41 @@ def resume_text(model_dir: str, step: int | None = None) -> str:
     return f"the run resumes from {latest}{at}, the newest checkpoint, which the failed write left intact{lost}"
 
 
+# what each directory a run writes keeps (the fix says to copy it to keep that), and where it is set
+_DIRECTORIES = {"model_dir": ("its checkpoints", "model_dir"),
+                "compile_dir": ("its compiled artifacts", "compile_dir (CerebrasEstimator(compile_dir=...))")}
+
+
 def write_error(model_dir: str, what: str, path: str, failure: tuple[str, bool], *, step: int | None = None,
-                needed: int | None = None, then: str | None = None) -> ModelDirWriteError:
+                needed: int | None = None, then: str | None = None, name: str = "model_dir") -> ModelDirWriteError:
     """The ModelDirWriteError for `what` (e.g. "saving the checkpoint of global step 200") failing on `path`;
     `needed` the bytes the write needs (said when known); `then` what to do after the fix (default: train
-    again, from the checkpoint it names)."""
+    again, from the checkpoint it names). `name` is what the directory is to the user: "model_dir", or
+    "compile_dir" (then `model_dir` is the compile_dir, and `then` should be given: it holds no checkpoints)."""
     reason, full = failure
-    then = then or f"train again: {resume_text(model_dir, step)}"
+    keeps, setting = _DIRECTORIES[name]
+    then = then or (f"train again: {resume_text(model_dir, step)}" if name == "model_dir" else "run again")
     free = free_bytes(model_dir)
     free_text = f"{fmt_bytes(free)} free on that filesystem" if free is not None else "free space unknown"
     needs = f"; it needs about {fmt_bytes(needed)}" if needed else ""
     if full:
-        message = f"The disk holding model_dir {model_dir} is full: {what} failed ({reason}); {free_text}{needs}."
-        fix = (f"Free space on that filesystem, or point model_dir at a disk with room (copy {model_dir} there to "
-               f"keep its checkpoints). Then {then}.")
+        message = f"The disk holding {name} {model_dir} is full: {what} failed ({reason}); {free_text}{needs}."
+        fix = (f"Free space on that filesystem, or point {setting} at a disk with room (copy {model_dir} there to "
+               f"keep {keeps}). Then {then}.")
     else:
-        message = f"model_dir {model_dir} is not writable: {what} failed ({reason}); {free_text}."
+        message = f"{name} {model_dir} is not writable: {what} failed ({reason}); {free_text}."
         fix = (f"Make {model_dir} writable again (its permissions, or a filesystem mounted read-only), or point "
-               f"model_dir at a writable directory (copy {model_dir} there to keep its checkpoints). Then "
-               f"{then}.")
+               f"{setting} at a writable directory (copy {model_dir} there to keep {keeps}). Then {then}.")
     return ModelDirWriteError(message, where=path, fix=fix, path=path, reason=reason, free_bytes=free)
 
 
 @contextlib.contextmanager
 def writing(model_dir: str, what: str, path: str, then: str | None = None, *, cleanup: list[str] | None = None,
-            step: int | None = None, needed: int | None = None) -> Iterator[None]:
+            step: int | None = None, needed: int | None = None, name: str = "model_dir") -> Iterator[None]:
     """Raise a full disk's or an unwritable model_dir's error inside the block as a ModelDirWriteError
-    (write_error with `then`, `step` and `needed`); any other error passes unchanged. On any error, the files
-    matching the glob patterns `cleanup` that the block created or changed are removed first (logged)."""
+    (write_error with `then`, `step`, `needed` and `name`: "compile_dir" for the compiled artifact's directory);
+    any other error passes unchanged. On any error, the files matching the glob patterns `cleanup` that the block
+    created or changed are removed first (logged)."""
     before = signatures(cleanup) if cleanup else {}
     try:
         yield
@@ -115,7 +123,7 @@ def writing(model_dir: str, what: str, path: str, then: str | None = None, *, cl
         failure = write_failure(error)
         if failure is None:
             raise
-        raise write_error(model_dir, what, path, failure, step=step, needed=needed, then=then) from error
+        raise write_error(model_dir, what, path, failure, step=step, needed=needed, then=then, name=name) from error
 
 
 def signatures(patterns: list[str]) -> FileSignatures:

@@ -5,10 +5,13 @@ report.txt, and manifest.json (graph hash, target system, IR version, size
 and sha256 of every file). Artifacts are data only (JSON, npz without
 pickle): loading one cannot run code. They are written to a temporary
 directory beside the target and renamed into place, so a reader sees either
-the old artifact or the new one, never a half-written one.
+the old artifact or the new one, never a half-written one. A full disk or an
+unwritable compile_dir is a ModelDirWriteError naming compile_dir, and the
+failed write leaves nothing behind.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -20,6 +23,7 @@ import tensorflow as tf
 
 from cerebras_tf import ir
 from cerebras_tf.errors import ArtifactSystemMismatchError
+from cerebras_tf.write_failures import writing
 
 MANIFEST_FILE = "manifest.json"
 REPORT_FILE = "report.txt"
@@ -109,16 +113,33 @@ def write_artifact(directory: str, program: ir.Program, report: str, graph_hash:
 
     `extra_files` (name -> content, e.g. the placement's report.json and PNG)
     are written beside the IR and covered by the manifest's checksums.
+    A full disk or an unwritable compile_dir (the parent of `directory`) is a
+    ModelDirWriteError naming compile_dir (write_failures.writing); a failed
+    write leaves nothing behind: the temporary directory and the directories
+    it created are removed, and an artifact already in `directory` stays as
+    it was.
     """
-    parent = os.path.dirname(os.path.abspath(directory))
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.tmp-", dir=parent)
+    compile_dir = os.path.dirname(os.path.abspath(directory))
+    kept = ("the artifact already there is untouched" if os.path.isdir(directory)
+            else "the failed write left nothing there")
+    then = f"compile or train again: the model is compiled again into {directory} ({kept})"
+    with writing(compile_dir, f"writing the compile artifact of mode {program.mode}", directory, then,
+                 name="compile_dir"):
+        _write_artifact(compile_dir, directory, program, report, graph_hash, system, extra_files or {})
+
+
+def _write_artifact(compile_dir: str, directory: str, program: ir.Program, report: str, graph_hash: str,
+                    system: dict[str, Any], extra_files: Mapping[str, bytes]) -> None:
+    missing = _missing_dirs(compile_dir)
+    staging = None
     try:
+        os.makedirs(compile_dir, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.tmp-", dir=compile_dir)
         names = program.save(staging)
         with open(os.path.join(staging, REPORT_FILE), "w", encoding="utf-8") as f:
             f.write(report)
         names.append(REPORT_FILE)
-        for name, content in (extra_files or {}).items():
+        for name, content in extra_files.items():
             with open(os.path.join(staging, name), "wb") as f:
                 f.write(content)
             names.append(name)
@@ -130,8 +151,21 @@ def write_artifact(directory: str, program: ir.Program, report: str, graph_hash:
             json.dump(manifest, f, indent=2, sort_keys=True)
         _replace_dir(staging, directory)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        for made in missing:  # deepest first; one another process wrote into since stays
+            with contextlib.suppress(OSError):
+                os.rmdir(made)
         raise
+
+
+def _missing_dirs(path: str) -> list[str]:
+    """`path` and its parents that do not exist yet, deepest first."""
+    missing = []
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing
 
 
 def _replace_dir(staging: str, directory: str) -> None:
@@ -141,5 +175,9 @@ def _replace_dir(staging: str, directory: str) -> None:
     retired = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.old-", dir=os.path.dirname(staging))
     os.rmdir(retired)
     os.rename(directory, retired)
-    os.rename(staging, directory)
+    try:
+        os.rename(staging, directory)
+    except BaseException:
+        os.rename(retired, directory)  # the old artifact back in place
+        raise
     shutil.rmtree(retired, ignore_errors=True)

@@ -1,6 +1,7 @@
 """The compiled artifact: reused when unchanged, refused for another system, rebuilt when corrupt."""
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -11,7 +12,7 @@ import tensorflow as tf
 
 from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, ir, tf_helper
 from cerebras_tf.compiler import artifact
-from cerebras_tf.errors import ArtifactSystemMismatchError
+from cerebras_tf.errors import ArtifactSystemMismatchError, ModelDirWriteError
 from cerebras_tf.wse.fabric import WSE2
 from examples.zoo import mlp
 
@@ -102,6 +103,44 @@ def test_an_intact_artifact_holding_a_malformed_program_is_rebuilt(zoo_estimator
         rebuilt = zoo_estimator("mlp", compile_dir=str(compile_dir)).compile(mlp.input_fn)
     assert not rebuilt.reused and "malformed program" in rebuilt.note and "kernel at index 0" in rebuilt.note
     assert rebuilt.program == first.program
+
+
+@pytest.mark.parametrize("failure", ["moving it into place", "another error"])
+def test_a_failed_write_leaves_the_artifact_already_there_as_it_was(failure, zoo_estimator, tmp_path, monkeypatch):
+    compile_dir = tmp_path / "compile"
+    first = zoo_estimator("mlp", compile_dir=str(compile_dir)).compile(mlp.input_fn)
+    directory = compile_dir / "train"
+    before = {name: (directory / name).read_bytes() for name in os.listdir(directory)}
+    system = json.loads(before[artifact.MANIFEST_FILE])["system"]
+    if failure == "moving it into place":  # the old artifact is moved aside, then the new one cannot take its place
+        rename = os.rename
+
+        def refuse_the_new_one(source, target):
+            if os.path.basename(source).startswith(".train.tmp-"):
+                raise PermissionError(errno.EACCES, "Permission denied", target)
+            rename(source, target)
+
+        monkeypatch.setattr(os, "rename", refuse_the_new_one)
+        expected: type[Exception] = ModelDirWriteError
+    else:  # not a full disk or an unwritable compile_dir: raised as it is, and cleaned up all the same
+        save = first.program.save
+
+        def save_then_fail(staging):
+            save(staging)
+            raise ValueError("not a write failure")
+
+        monkeypatch.setattr(first.program, "save", save_then_fail)
+        expected = ValueError
+    with pytest.raises(expected) as caught:
+        artifact.write_artifact(str(directory), first.program, "another report", "another hash", system)
+    monkeypatch.undo()
+    if expected is ModelDirWriteError:
+        assert caught.value.message.startswith(f"compile_dir {compile_dir} is not writable: writing the compile "
+                                               "artifact of mode train failed (Permission denied); ")
+        assert caught.value.fix.endswith(f"the model is compiled again into {directory} (the artifact already there "
+                                         "is untouched).")
+    assert os.listdir(compile_dir) == ["train"]  # no temporary or retired directory
+    assert {name: (directory / name).read_bytes() for name in os.listdir(directory)} == before
 
 
 def test_loading_never_unpickles(tmp_path):

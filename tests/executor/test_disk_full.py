@@ -1,11 +1,14 @@
-"""A full disk or an unwritable model_dir while a run on the system writes (issue 24, item 2): a ModelDirWriteError
-naming model_dir, the file, the free space and the checkpoint to resume from; the previous checkpoint intact and
-still named by the `checkpoint` file; nothing of the failed save left behind.
+"""A full disk or an unwritable model_dir (or compile_dir) while a run on the system writes (issue 24, item 2): a
+ModelDirWriteError naming model_dir, the file, the free space and the checkpoint to resume from; the previous
+checkpoint intact and still named by the `checkpoint` file; nothing of the failed save left behind.
 
 The disk-full tests fill a real 2 MiB tmpfs (mounted by the test, which needs root; skipped otherwise) right
 before the save of global step 200, so TF's own save op hits ENOSPC. An unwritable model_dir (EACCES, EROFS)
 cannot be produced mid-run here (root ignores permissions; a filesystem with a file open for writing cannot be
 remounted read-only), so those tests make the save raise TF's own PermissionDeniedError text at the save call.
+
+Compiling into compile_dir on a full disk (or one remounted read-only while the model compiles, which nothing
+holds open for writing then) raises the same error naming compile_dir, and leaves no artifact, whole or partial.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import errno
+import json
 import logging
 import math
 import shutil
@@ -24,7 +28,8 @@ import pytest
 import tensorflow as tf
 
 from cerebras_tf import CerebrasEstimator, CSRunConfig, cs_training, set_default_tf_config, tensorboard
-from cerebras_tf.errors import ModelDirWriteError
+from cerebras_tf.compiler import artifact
+from cerebras_tf.errors import ModelDirError, ModelDirWriteError
 from cerebras_tf.trainer_lock import LOCK_FILE
 from cerebras_tf.write_failures import write_failure
 from cerebras_tf.wse.units import fmt_bytes
@@ -75,7 +80,8 @@ def _fill(disk, leave: int = 0) -> None:
 
 
 def _estimator(model_dir, compile_dir, **config):
-    return CerebrasEstimator(_model_fn, model_dir=str(model_dir), compile_dir=str(compile_dir),
+    """compile_dir None: the default, model_dir/cs_compile."""
+    return CerebrasEstimator(_model_fn, model_dir=str(model_dir), compile_dir=compile_dir and str(compile_dir),
                              config=CSRunConfig(cs_ip="localhost:9000", tf_random_seed=1, save_checkpoints_steps=100,
                                                 **config), params={})
 
@@ -219,6 +225,99 @@ def test_a_full_disk_before_the_run_refuses_it_without_leaving_a_lock(small_disk
     assert "writing the trainer lock" in caught.value.message and "0 B free on that filesystem" in caught.value.message
     assert "no checkpoint was saved in" in caught.value.fix
     assert not os.path.exists(model_dir / LOCK_FILE)
+
+
+def _walk(directory):
+    """Every directory and file below `directory` (relative), or None if it does not exist."""
+    if not os.path.exists(directory):
+        return None
+    return sorted(os.path.relpath(os.path.join(root, name), directory) for root, dirs, files in os.walk(directory)
+                  for name in dirs + files)
+
+
+# the call, where compile_dir is, and how much room the disk has when the artifact is written
+COMPILES = {"compile, nothing fits": ("compile", "own", 0),
+            "compile, part of the artifact fits": ("compile", "own", 16 * PAGE),
+            "compile into model_dir/cs_compile": ("compile", "default", 0),
+            "train": ("train", "own", 0)}
+
+
+@pytest.mark.parametrize("case", COMPILES)
+def test_a_full_disk_when_compiling_names_compile_dir_and_leaves_no_artifact(case, small_disk, tmp_path):
+    call, where, leave = COMPILES[case]
+    model_dir = small_disk / "model" if where == "default" else tmp_path / "model"
+    compile_dir = model_dir / "cs_compile" if where == "default" else small_disk / "compile"
+    estimator = _estimator(model_dir, None if where == "default" else compile_dir)
+    _fill(small_disk, leave)
+    run = {"compile": lambda: estimator.compile(_input_fn), "train": lambda: estimator.train(_input_fn, max_steps=1)}
+    with pytest.raises(ModelDirWriteError) as caught:
+        run[call]()
+    error = caught.value
+    assert error.message.startswith(f"The disk holding compile_dir {compile_dir} is full: writing the compile "
+                                    "artifact of mode train failed (No space left on device); ")
+    assert error.reason == "No space left on device" and error.free_bytes is not None and error.free_bytes <= leave
+    assert isinstance(error.__cause__, OSError) and error.__cause__.errno == errno.ENOSPC
+    assert error.path == str(compile_dir / "train") and error.where == error.path
+    assert error.fix == (f"Free space on that filesystem, or point compile_dir (CerebrasEstimator(compile_dir=...)) "
+                         f"at a disk with room (copy {compile_dir} there to keep its compiled artifacts). Then compile "
+                         f"or train again: the model is compiled again into {compile_dir / 'train'} (the failed write "
+                         "left nothing there).")
+    # nothing of the artifact is left (no temporary directory), nor the directories the write created
+    assert _walk(compile_dir) is None
+    if where == "default" and call == "compile":
+        assert _walk(model_dir) is None
+    if call == "train":
+        assert not os.path.exists(model_dir / LOCK_FILE)
+
+    os.remove(small_disk / "filler")  # free the space: the model compiles, then its artifact is reused
+    first = estimator.compile(_input_fn)
+    assert not first.reused and first.note == "no artifact yet"
+    manifest = json.loads((compile_dir / "train" / artifact.MANIFEST_FILE).read_text())
+    assert _walk(compile_dir) == sorted(["train", *(f"train/{name}" for name in [*manifest["files"],
+                                                                                 artifact.MANIFEST_FILE])])
+    if leave:  # the write failed part way: the IR fitted, the whole artifact did not
+        sizes = [os.path.getsize(compile_dir / "train" / name) for name in os.listdir(compile_dir / "train")]
+        assert os.path.getsize(compile_dir / "train" / "program.json") < leave < sum(sizes)
+    assert estimator.compile(_input_fn).reused
+
+
+def _remount(disk, mode):
+    subprocess.run(["mount", "-o", f"remount,{mode}", str(disk)], check=True, capture_output=True)
+
+
+def test_an_unwritable_compile_dir_is_refused_before_and_named_when_it_becomes_so(small_disk, tmp_path, monkeypatch):
+    compile_dir = small_disk / "compile"
+    estimator = _estimator(tmp_path / "model", compile_dir)
+    _remount(small_disk, "ro")  # root ignores permissions, not a read-only filesystem
+    try:
+        with pytest.raises(ModelDirError) as refused:  # the check before anything is written
+            estimator.compile(_input_fn)
+        assert type(refused.value) is ModelDirError
+        assert f"compile_dir {compile_dir} cannot be created: {small_disk} is not writable" in refused.value.message
+
+        _remount(small_disk, "rw")
+        load = artifact.load_artifact
+
+        def read_only_after_the_check(*args):  # the filesystem turns read-only while the model compiles
+            _remount(small_disk, "ro")
+            return load(*args)
+
+        monkeypatch.setattr(artifact, "load_artifact", read_only_after_the_check)
+        with pytest.raises(ModelDirWriteError) as caught:
+            estimator.compile(_input_fn)
+    finally:
+        _remount(small_disk, "rw")
+    error = caught.value
+    assert error.message.startswith(f"compile_dir {compile_dir} is not writable: writing the compile artifact of "
+                                    "mode train failed (Read-only file system); ")
+    assert isinstance(error.__cause__, OSError) and error.__cause__.errno == errno.EROFS
+    assert error.fix.startswith(f"Make {compile_dir} writable again (its permissions, or a filesystem mounted "
+                                "read-only), or point compile_dir (CerebrasEstimator(compile_dir=...)) at a writable "
+                                "directory")
+    assert _walk(compile_dir) is None
+    monkeypatch.undo()
+    _no_tf_config(monkeypatch)
+    assert not estimator.compile(_input_fn).reused and _walk(compile_dir)
 
 
 def _unwritable_save(step, leftover):
