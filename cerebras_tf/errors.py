@@ -103,10 +103,10 @@ class ModelDirError(CerebrasError):
 
 
 class ModelDirWriteError(ModelDirError):
-    """Writing into model_dir failed during a run because its disk is full (ENOSPC, a quota) or it became
-    unwritable (EACCES, EPERM, EROFS): a checkpoint, the run's event file, graph.pbtxt or the trainer lock
-    (cerebras_tf/write_failures.py). `path` is the file being written, `reason` the system's words ("No space
-    left on device") and `free_bytes` the space left on model_dir's filesystem (None if unknown)."""
+    """Writing into model_dir (or compile_dir) failed because its disk is full (ENOSPC, a quota) or it became
+    unwritable (EACCES, EPERM, EROFS): a checkpoint, the run's event file, graph.pbtxt, the trainer lock or the
+    compile artifact (cerebras_tf/write_failures.py). `path` is the file being written, `reason` the system's
+    words ("No space left on device") and `free_bytes` the space left on that filesystem (None if unknown)."""
 
     def __init__(self, message: str, *, where: str | None = None, fix: str | None = None, path: str = "",
                  reason: str = "", free_bytes: int | None = None) -> None:
