@@ -782,6 +782,7 @@ def lower(model: CapturedModel, *, casts: bool = True) -> tuple[ir.Program, dict
     outputs, host_call, summaries, roots = program_outputs(model)
     inputs = _input_tensors(model)
     ops = needed_ops([t.op for t in outputs.values() if t.name not in inputs] + roots, set(inputs))
+    _refuse_tf1_control_flow(ops)
     builder = _Builder(graph, casts)
     env: dict[str, Any] = {}
     program_inputs: dict[str, int] = {}
@@ -823,6 +824,16 @@ def lower(model: CapturedModel, *, casts: bool = True) -> tuple[ir.Program, dict
              "if_converted": builder.if_converted, "dead_kernels": dead_kernels,
              "precision_casts": sum(1 for k in alive if k.kind == "to_half")}
     return program, stats
+
+
+def _refuse_tf1_control_flow(ops: Sequence[tf.Operation]) -> None:
+    """Raise for the first TF1 control-flow op (Switch, Merge, ...): lowered in creation order, a branch's op
+    would come before the Switch that feeds it."""
+    op = next((op for op in ops if op.type in kernels.TF1_CONTROL_FLOW), None)
+    if op is not None:
+        raise UnsupportedOpError(f"Op type {op.type!r} (op {op.name!r}) has no kernel on the CS system.",
+                                 where=op_location(op) or "unknown (created outside user code)",
+                                 fix=kernels.unsupported_hint(op))
 
 
 def _dedupe(problems: list[CerebrasError]) -> list[CerebrasError]:
