@@ -181,7 +181,10 @@ _PY_FUNC = ("EagerPyFunc", "PyFunc", "PyFuncStateless")
 DATA_DEPENDENT = ("Where", "Unique", "UniqueV2", "UniqueWithCounts", "DynamicPartition", "DynamicStitch",
                    "NonMaxSuppressionV3", "NonMaxSuppressionV4", "NonMaxSuppressionV5", "Shape", "ShapeN",
                    "Size", "ListDiff", "SparseToDense", "RaggedTensorToTensor")
-_LOOPS = ("While", "StatelessWhile", "Enter", "Exit", "NextIteration", "LoopCond", "Merge", "Switch")
+# TF1 control flow (tf.cond / tf.while_loop with control flow v2 disabled): its ops' creation order is not a
+# topological one, so the compiler refuses a graph holding them before lowering anything.
+TF1_CONTROL_FLOW = ("Switch", "Merge", "Enter", "Exit", "NextIteration", "LoopCond")
+_LOOPS = ("While", "StatelessWhile")
 
 
 def unsupported_hint(op: tf.Operation) -> str:
@@ -205,6 +208,11 @@ def unsupported_hint(op: tf.Operation) -> str:
                 "tf.unique, tf.shape of a dynamic tensor), but the CS system needs every shape fixed at "
                 "compile time. Use a fixed-shape formulation: multiply by a 0/1 mask, tf.where(cond, x, y), "
                 "or pad to a maximum size.")
+    if op.type in TF1_CONTROL_FLOW:
+        return ("TF1 control flow (the Switch/Merge ops tf.cond and tf.while_loop build after "
+                "tf.compat.v1.disable_control_flow_v2() or disable_v2_behavior()) cannot be compiled. Call "
+                "tf.compat.v1.enable_control_flow_v2() before building the model: the CS system compiles its "
+                "tf.cond/tf.case (If ops; loops stay unsupported: unroll them in Python).")
     if op.type in _LOOPS:
         return ("Loops (tf.while_loop, or a Python loop over tensors that AutoGraph turned into one) are not "
                 "supported: the graph must be static. Unroll the loop in Python with a fixed trip count.")

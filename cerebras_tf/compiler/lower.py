@@ -14,7 +14,10 @@ and control edges) keeps what they implied. tf.cond/tf.case (If ops) are
 if-converted: both branches run and a select picks the result; branches may
 read variables (learning-rate schedules over global_step) and write them (a
 loss-scale optimizer's guarded update): each write in a branch is guarded by
-the branch's condition (Kernel.guard), so only the taken branch writes. Every
+the branch's condition (Kernel.guard), so only the taken branch writes, and
+each kernel that refuses bad input (a look-up's id or a sparse label out of
+range: ir.CHECKS_INPUT) refuses it only under that condition
+(Kernel.check_guard), as TF runs it only in the taken branch. Every
 problem is collected and raised at once, each naming the op, its type and the
 user's file:line.
 """
@@ -360,14 +363,16 @@ class _Builder:
 
     def kernel(self, kind: str, inputs: list[int], outputs: list[int], attrs: dict[str, Any], *,
                role: str, vars_: list[str] | None = None, tf_op: tf.Operation | None = None,
-               tf_name: str = "", location: str | None = None, guard: int | None = None) -> ir.Kernel:
+               tf_name: str = "", location: str | None = None, guard: int | None = None,
+               check_guard: int | None = None) -> ir.Kernel:
         shapes_in = [self.tensors[i].shape for i in inputs]
         shapes_out = [self.tensors[i].shape for i in outputs]
         kernel = ir.Kernel(
             id=len(self.kernels), kind=kind, inputs=inputs, outputs=outputs, attrs=attrs, role=role,
             vars=list(vars_ or []), tf_name=tf_name or (tf_op.name if tf_op is not None else ""),
             tf_type=tf_op.type if tf_op is not None else "", location=location,
-            flops=kernels.estimate_flops(kind, ir.KINDS[kind], shapes_in, shapes_out, attrs), guard=guard)
+            flops=kernels.estimate_flops(kind, ir.KINDS[kind], shapes_in, shapes_out, attrs), guard=guard,
+            check_guard=check_guard)
         self.kernels.append(kernel)
         return kernel
 
@@ -408,7 +413,7 @@ class _GraphLowerer:
         self.prefix = prefix  # for branch ops: the If op's name
         self.location = location  # for branch ops: the If op's location
         self.forced_role = role
-        self.guard = guard  # in a tf.cond branch: makes (once) the scalar bool guarding its variable writes
+        self.guard = guard  # in a tf.cond branch: makes (once) the scalar bool "this branch is taken"
         self.folder = fold.Folder(ops, known, functions=builder.function_def)
         self.poisoned: set[str] = set()
         self.failed: set[str] = set()
@@ -541,17 +546,19 @@ class _GraphLowerer:
             attrs["broadcast"] = "v1" if op.type == "Select" else "numpy"
         if definition.kind == "reshape":
             attrs["shape"] = list(self.b.tensors[outputs[0]].shape)  # -1 resolved
-        guard = None
+        guard = check_guard = None
         if definition.kind in ir.WRITES:
             role = self._write_role(vars_, role)
             guard = self.guard() if self.guard is not None else None
+        elif definition.kind in ir.CHECKS_INPUT and self.guard is not None:
+            check_guard = self.guard()
         if definition.compute:
             attrs["accumulate"] = "float32"
             if self.b.casts:
                 inputs = [self.b.to_half(t, role, self._name(op), where) if self.b.tensors[t].dtype == "float32"
                           else t for t in inputs]
         self.b.kernel(definition.kind, inputs, outputs, attrs, role=role, vars_=vars_, tf_op=op,
-                      tf_name=self._name(op), location=where, guard=guard)
+                      tf_name=self._name(op), location=where, guard=guard, check_guard=check_guard)
         for out, tid in zip(op.outputs, outputs):
             self.env[out.name] = tid
 
@@ -663,8 +670,9 @@ class _GraphLowerer:
 
     # ---- if-conversion ------------------------------------------------------------
     def _lower_if(self, op: tf.Operation, role: str) -> None:
-        """Both branches run and a select picks each output; each branch's variable writes are guarded
-        by its condition (combined with the enclosing branch's), so only the taken branch writes."""
+        """Both branches run and a select picks each output; each branch's variable writes, input checks,
+        assertions and prints are guarded by its condition (combined with the enclosing branch's), so only
+        the taken branch writes, refuses bad ids, asserts or prints."""
         pred, args = op.inputs[0], list(op.inputs[1:])
         branches = [op.get_attr("then_branch").name, op.get_attr("else_branch").name]
         if self.folder.is_const(pred):
@@ -685,9 +693,9 @@ class _GraphLowerer:
         self.b.if_converted += 1
 
     def _branch_guard(self, op: tf.Operation, condition: int, negate: bool, role: str) -> Callable[[], int]:
-        """A maker of the scalar bool guarding one branch's writes: the condition (negated for the else
-        branch), and-ed with the enclosing guard. Made on the first write, so pure branches add nothing;
-        these kernels are pure and run every step."""
+        """A maker of the scalar bool "this branch is taken": the condition (negated for the else branch),
+        and-ed with the enclosing guard. Made on first use (a write, an input check, an assertion or a print),
+        so other branches add nothing; these kernels are pure and run every step."""
         outer = self.guard
 
         @functools.lru_cache(maxsize=None)
@@ -696,8 +704,8 @@ class _GraphLowerer:
             tensor = self.b.tensors[condition]
             if tensor.shape:
                 raise UnsupportedOpError(
-                    f"Op type {op.type!r} (op {name!r}): a tf.cond whose branches write variables needs a scalar "
-                    f"condition, this one has shape {tensor.shape}.", where=where,
+                    f"Op type {op.type!r} (op {name!r}): a tf.cond whose branches write variables, look ids up, "
+                    f"assert or print needs a scalar condition, this one has shape {tensor.shape}.", where=where,
                     fix="Reduce the condition to one bool (tf.reduce_all / tf.reduce_any).")
             guard = condition
             if tensor.dtype != "bool":  # If: a non-zero number is true
@@ -721,7 +729,7 @@ class _GraphLowerer:
     def _lower_branch(self, op: tf.Operation, function: str, args: list[tf.Tensor], role: str,
                       guard: Callable[[], int] | None) -> list[int]:
         """Lower one branch function: its outputs and the ops reachable from its control outputs (the
-        writes of a branch that returns nothing); its variable writes are guarded by `guard`."""
+        writes of a branch that returns nothing); `guard` makes the bool that says it is taken."""
         values = [None if self.folder.is_const(arg) else self.operand(arg) for arg in args]
         graph = self.b.branch_graph(function, tuple((i, str(v)) for i, v in enumerate(values)
                                                     if isinstance(v, VarRef)))
@@ -774,6 +782,7 @@ def lower(model: CapturedModel, *, casts: bool = True) -> tuple[ir.Program, dict
     outputs, host_call, summaries, roots = program_outputs(model)
     inputs = _input_tensors(model)
     ops = needed_ops([t.op for t in outputs.values() if t.name not in inputs] + roots, set(inputs))
+    _refuse_tf1_control_flow(ops)
     builder = _Builder(graph, casts)
     env: dict[str, Any] = {}
     program_inputs: dict[str, int] = {}
@@ -815,6 +824,16 @@ def lower(model: CapturedModel, *, casts: bool = True) -> tuple[ir.Program, dict
              "if_converted": builder.if_converted, "dead_kernels": dead_kernels,
              "precision_casts": sum(1 for k in alive if k.kind == "to_half")}
     return program, stats
+
+
+def _refuse_tf1_control_flow(ops: Sequence[tf.Operation]) -> None:
+    """Raise for the first TF1 control-flow op (Switch, Merge, ...): lowered in creation order, a branch's op
+    would come before the Switch that feeds it."""
+    op = next((op for op in ops if op.type in kernels.TF1_CONTROL_FLOW), None)
+    if op is not None:
+        raise UnsupportedOpError(f"Op type {op.type!r} (op {op.name!r}) has no kernel on the CS system.",
+                                 where=op_location(op) or "unknown (created outside user code)",
+                                 fix=kernels.unsupported_hint(op))
 
 
 def _dedupe(problems: list[CerebrasError]) -> list[CerebrasError]:

@@ -34,11 +34,11 @@ from cerebras_tf.ir.program import (
 )
 from cerebras_tf.ir.passes import data_parallel_problem, phases
 from cerebras_tf.ir.verify import IRError, verify
-from cerebras_tf.ir.vocabulary import DTYPES, HALF, KINDS, READS_VARIABLES, ROLES, VARIABLE_ROLES, WRITES
+from cerebras_tf.ir.vocabulary import CHECKS_INPUT, DTYPES, HALF, KINDS, READS_VARIABLES, ROLES, VARIABLE_ROLES, WRITES
 
 __all__ = [
-    "ASSERT_PREFIX", "CONSTANTS_FILE", "DTYPES", "EVAL_METRIC_INPUT_PREFIX", "FILE_STREAM_PREFIX", "HALF",
-    "HOST_CALL_PREFIX",
+    "ASSERT_PREFIX", "CHECKS_INPUT", "CONSTANTS_FILE", "DTYPES", "EVAL_METRIC_INPUT_PREFIX", "FILE_STREAM_PREFIX",
+    "HALF", "HOST_CALL_PREFIX",
     "HOST_SUMMARY_KINDS", "IRError", "IR_VERSION", "KINDS", "PRINT_PREFIX", "PRINT_STREAMS", "PROGRAM_FILE",
     "READS_VARIABLES", "ROLES", "SUMMARY_PREFIX", "VARIABLE_ROLES", "WRITES", "Const", "Kernel", "Layer", "Program",
     "Tensor", "Variable", "array_key", "check_key", "data_parallel_problem",

@@ -23,6 +23,11 @@ to TensorFlow objects. Conventions:
   earlier kernel) runs only when that tensor is True: the variable writes of
   an if-converted tf.cond branch (both branches compute, a select picks the
   outputs, only the taken branch writes). Only variable writes are guarded.
+- A kernel with `check_guard` set (likewise a scalar bool tensor id) refuses
+  bad input (an index or label out of range: TF's InvalidArgumentError) only
+  when that tensor is True, else computes on clamped input: the kinds in
+  vocabulary.CHECKS_INPUT inside an if-converted tf.cond branch, which TF
+  runs only when the branch is taken (the select discards what they compute).
 - Runtime assertions and prints (`assertions`, `prints`) are not kernels: the
   tensors they need are program outputs (keys.ASSERT_PREFIX / PRINT_PREFIX),
   and the host checks and prints after each step what their entries describe.
@@ -38,7 +43,7 @@ import numpy as np
 
 from cerebras_tf.ir.vocabulary import HALF
 
-IR_VERSION = 1
+IR_VERSION = 2  # 2: Kernel.check_guard
 
 
 @dataclasses.dataclass
@@ -76,11 +81,14 @@ class Kernel:
     location: str | None = None  # user's file:line
     flops: int = 0  # estimated per step (whole batch)
     guard: int | None = None  # scalar bool tensor id: run only when it is True (writes in tf.cond branches)
+    check_guard: int | None = None  # scalar bool tensor id: refuse bad input only when it is True (see above)
 
     @property
     def reads(self) -> list[int]:
-        """The tensors this kernel reads: its inputs and its guard."""
-        return self.inputs if self.guard is None else [*self.inputs, self.guard]
+        """The tensors this kernel reads: its inputs and its guards."""
+        if self.guard is None and self.check_guard is None:
+            return self.inputs
+        return [*self.inputs, *(t for t in (self.guard, self.check_guard) if t is not None)]
 
 
 @dataclasses.dataclass

@@ -1,9 +1,10 @@
 """Program.verify(): is a Program well-formed, whoever built it (the compiler, an artifact on disk, a test)?
 
 Checked: vocabularies (kinds, roles, dtypes), ids, every tensor defined
-before it is read and defined once, guards (earlier scalar bools, on variable
-writes only), variables named by kernels exist, inputs/outputs/gradients
-exist, host_call's structure matches its outputs, summaries match theirs,
+before it is read and defined once, guards (earlier scalar bools; `guard` on
+variable writes only, `check_guard` on the kinds in CHECKS_INPUT only),
+variables named by kernels exist, inputs/outputs/gradients exist,
+host_call's structure matches its outputs, summaries match theirs,
 assertions and prints match theirs (every "assert/..."/"print/..." output is
 one an entry reads, conditions are scalar bools, constants have their shapes),
 and the phase split loss scaling needs (no kernel reads a tensor a later phase
@@ -19,7 +20,7 @@ from cerebras_tf.ir.keys import (ASSERT_PREFIX, EVAL_METRIC_INPUT_PREFIX, FILE_S
                                  HOST_SUMMARY_KINDS, PRINT_PREFIX, PRINT_STREAMS, SUMMARY_PREFIX)
 from cerebras_tf.ir.passes import phases
 from cerebras_tf.ir.program import IR_VERSION, Kernel, Program
-from cerebras_tf.ir.vocabulary import DTYPES, KINDS, ROLES, VARIABLE_ROLES, WRITES
+from cerebras_tf.ir.vocabulary import CHECKS_INPUT, DTYPES, KINDS, ROLES, VARIABLE_ROLES, WRITES
 
 _INPUT_SIDES = ("features", "labels")
 _OUTPUT_KEYS = ("loss", HOST_CALL_PREFIX, EVAL_METRIC_INPUT_PREFIX, SUMMARY_PREFIX, "predictions", ASSERT_PREFIX,
@@ -139,19 +140,28 @@ def _kernel_problems(program: Program, defined: set[int]) -> list[str]:
 
 
 def _guard_problems(program: Program, kernel: Kernel, what: str, defined: set[int]) -> list[str]:
-    guard = kernel.guard
-    if guard is None:
-        return []
-    if not 0 <= guard < len(program.tensors):
-        return []  # reported with the other unknown tensors
     problems = []
-    if guard not in defined:
-        problems.append(f"{what} is guarded by tensor {guard}, which no earlier kernel defines")
-    tensor = program.tensors[guard]
+    if kernel.guard is not None:
+        problems += _flag_problems(program, kernel.guard, f"{what} is guarded", defined)
+        if kernel.kind not in WRITES:
+            problems.append(f"{what} is guarded but writes no variable (only variable writes are guarded)")
+    if kernel.check_guard is not None:
+        problems += _flag_problems(program, kernel.check_guard, f"{what} is check-guarded", defined)
+        if kernel.kind not in CHECKS_INPUT:
+            problems.append(f"{what} is check-guarded but is not a kind that checks its input (CHECKS_INPUT)")
+    return problems
+
+
+def _flag_problems(program: Program, tid: int, what: str, defined: set[int]) -> list[str]:
+    """A guard: a scalar bool an earlier kernel defines (an unknown id is reported with the other unknown tensors)."""
+    if not 0 <= tid < len(program.tensors):
+        return []
+    problems = []
+    if tid not in defined:
+        problems.append(f"{what} by tensor {tid}, which no earlier kernel defines")
+    tensor = program.tensors[tid]
     if tensor.dtype != "bool" or tensor.size != 1:
-        problems.append(f"{what} is guarded by tensor {guard}, a {tensor.dtype} {tensor.shape}, not a scalar bool")
-    if kernel.kind not in WRITES:
-        problems.append(f"{what} is guarded but writes no variable (only variable writes are guarded)")
+        problems.append(f"{what} by tensor {tid}, a {tensor.dtype} {tensor.shape}, not a scalar bool")
     return problems
 
 

@@ -73,3 +73,7 @@ WRITES = frozenset({
 })
 # Kinds that read variable operands without writing them.
 READS_VARIABLES = frozenset({"read_variable", "gather_variable"})
+# Kinds that refuse an input TF's CPU kernel refuses (an index or a label out of range) and write nothing: in an
+# if-converted tf.cond branch they refuse it only when the branch is taken (Kernel.check_guard). The writing kinds
+# that refuse (scatter_add_variable, sparse_apply_momentum) do not run in an untaken branch at all (Kernel.guard).
+CHECKS_INPUT = frozenset({"gather", "gather_variable", "unsorted_segment_sum", "sparse_softmax_cross_entropy"})

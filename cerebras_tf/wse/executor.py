@@ -16,7 +16,9 @@ step runs in three phases, which the IR's kernel roles make safe:
 3. the global-step update, which runs on every step (unless guarded).
 
 A kernel with a `guard` (the writes of an if-converted tf.cond branch) runs
-only when its guard tensor is True. A model that guards its own weight update
+only when its guard tensor is True; one with a `check_guard` (a look-up in such
+a branch) refuses bad input only when that tensor is True (KernelContext.check).
+A model that guards its own weight update
 (`program.model_loss_scaling`: TF's loss-scale optimizer) is run without a
 GradScaler: its own scale variables are updated by its own kernels. No phase
 reads a tensor a later phase produces: the constructor checks this on the
@@ -333,8 +335,10 @@ class Executor:
                 self._store(q, outputs, values)
                 i += 2
                 continue
-            guard = p.kernel.guard
+            guard, check = p.kernel.guard, p.kernel.check_guard
             if not (skip_writes and p.writes) and (guard is None or bool(values[guard])):
+                if check is not None:
+                    p.ctx.check = bool(values[check])
                 self._store(p, self._call(p, [values[t] for t in p.kernel.inputs], step), values)
             else:
                 self._store(p, [], values)

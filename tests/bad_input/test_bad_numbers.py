@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 from bad_input_helpers import (
     BATCH,
+    CLASSES,
     LABELS,
     X,
     Y,
@@ -28,6 +29,7 @@ from bad_input_helpers import (
 import cerebras_tf
 from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, amp
 from cerebras_tf.divergence import OVERFLOW_STEPS_AT_MIN_SCALE, NanLossError
+from estimator import ModeKeys
 
 NanLossDuringTrainingError = tf.compat.v1.train.NanLossDuringTrainingError
 
@@ -144,6 +146,121 @@ def test_an_id_out_of_range_after_a_checkpoint_keeps_that_checkpoint(model_dir):
         regression_input_fn(ids, Y), max_steps=5), tf.errors.InvalidArgumentError,
         f"indices[1,0] = -3 is not in [0, {VOCAB})", model_dir=model_dir)
     assert "./model.ckpt-2.index" in (checkpoint_files(model_dir) or {})
+
+
+# --------------------------------------------------------------------------- ids out of range in a tf.cond branch
+# Both branches of a tf.cond run on the system (a select picks the result); a look-up refuses a bad id only in the
+# branch TF takes. The guards below test only the ids' upper end, so a negative id takes the look-up's branch.
+
+TABLE = np.random.default_rng(2).normal(size=(VOCAB, 4)).astype(np.float32)
+
+
+def _guarded_lookup_regressor(lookup: str, nested: bool = False, high: int = VOCAB) -> Callable:
+    """The rows of a (frozen) embedding table, looked up only when every id is below `high` (else zeros); nested:
+    and, around that, only when every id is >= 0. A trainable dense layer on top."""
+
+    def model_fn(features, labels, mode, params):
+        table = tf.compat.v1.get_variable("embedding", [VOCAB, 4], trainable=False,
+                                          initializer=tf.compat.v1.constant_initializer(TABLE))
+        zeros = tf.zeros(features.shape.as_list() + [4])
+
+        def look_up():
+            if lookup == "variable":
+                return tf.nn.embedding_lookup(table, features, name="lookup")
+            return tf.gather(tf.convert_to_tensor(table), features, name="lookup")
+
+        def below():
+            return tf.cond(tf.reduce_all(features < high), look_up, lambda: zeros)  # COND inner
+
+        rows = tf.cond(tf.reduce_all(features >= 0), below, lambda: zeros) if nested else below()  # COND outer
+        predictions = tf.compat.v1.layers.dense(tf.reduce_mean(rows, axis=1), 1, name="output",
+                                                kernel_initializer=tf.compat.v1.constant_initializer(0.5))
+        loss = tf.compat.v1.losses.mean_squared_error(labels, predictions)
+        train_op = None
+        if mode == ModeKeys.TRAIN:
+            train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+                loss, global_step=tf.compat.v1.train.get_global_step())
+        return CSEstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    return model_fn
+
+
+def _cond_line(which: str) -> int:
+    """The line of the inner or outer tf.cond: what an error in a branch names (a branch's ops have no source
+    lines of their own in the captured graph)."""
+    with open(__file__) as source:
+        return next(number for number, line in enumerate(source, 1) if line.rstrip().endswith(f"# COND {which}"))
+
+
+def _with_id(bad: int) -> np.ndarray:
+    ids = IDS.copy()
+    ids[6, 1] = bad  # batch 2 (rows 4-7), row 2
+    return ids
+
+
+@pytest.mark.parametrize("lookup", ["variable", "tensor"])
+@pytest.mark.parametrize("nested, bad", [(False, 40), (True, 40), (True, -1)])
+def test_a_bad_id_in_the_branch_not_taken_trains_and_evaluates_as_on_cpu(model_dir, tmp_path, float32_numerics,
+                                                                          lookup, nested, bad):
+    """(40: the ids' guard fails, the zeros are taken. -1 with nested guards: the outer one fails, so the inner
+    cond, whose own guard holds, does not run at all.)"""
+    data = regression_input_fn(_with_id(bad), Y)
+    system = estimator(model_dir, _guarded_lookup_regressor(lookup, nested))
+    cpu = CerebrasEstimator(_guarded_lookup_regressor(lookup, nested), model_dir=str(tmp_path / "cpu"),
+                            config=CSRunConfig(), params={"batch_size": BATCH})
+    system.train(data, max_steps=6)
+    cpu.train(data, max_steps=6)
+    for name in ("output/kernel", "output/bias", "global_step"):
+        np.testing.assert_allclose(system.get_variable_value(name), cpu.get_variable_value(name), rtol=1e-5,
+                                   err_msg=name)
+    cerebras_tf.release_system()
+    on_system = system.evaluate(data, steps=3, use_cs=True)
+    on_cpu = cpu.evaluate(data, steps=3)
+    np.testing.assert_allclose(on_system["loss"], on_cpu["loss"], rtol=1e-5)
+
+
+@pytest.mark.parametrize("lookup", ["variable", "tensor"])
+@pytest.mark.parametrize("nested, high, bad", [(False, VOCAB, -1), (True, VOCAB + 100, 40)])
+def test_a_bad_id_in_the_branch_taken_raises_what_tf_raises(model_dir, tmp_path, lookup, nested, high, bad):
+    """(-1 passes the guard `ids < 6`; 40 passes both nested guards when the inner one is `ids < 106`.)"""
+    data = regression_input_fn(_with_id(bad), Y)
+    est = estimator(model_dir, _guarded_lookup_regressor(lookup, nested, high))
+    message = f"indices[2,1] = {bad} is not in [0, {VOCAB})"
+    error = stopped(lambda: est.train(data, max_steps=6), tf.errors.InvalidArgumentError, message,
+                    "{{node cond/cond/lookup" if nested else "{{node cond/lookup",
+                    f"test_bad_numbers.py:{_cond_line('outer' if nested else 'inner')}", model_dir=model_dir)
+    assert str(error).startswith(message)
+    assert "./model.ckpt-1.index" not in (checkpoint_files(model_dir) or {})  # batch 2: stopped at step 2
+    cpu = CerebrasEstimator(_guarded_lookup_regressor(lookup, nested, high), model_dir=str(tmp_path / "cpu"),
+                            config=CSRunConfig(), params={"batch_size": BATCH})
+    with pytest.raises(tf.errors.InvalidArgumentError) as on_cpu:
+        cpu.train(data, max_steps=6)
+    assert message in on_cpu.value.message  # TF's own words
+
+
+def test_a_bad_label_in_the_branch_not_taken_evaluates_as_on_cpu(model_dir, float32_numerics):
+    """Sparse softmax's label check is guarded the same way: a loss computed only when every label is valid."""
+
+    def model_fn(features, labels, mode, params):
+        logits = tf.compat.v1.layers.dense(features, CLASSES, name="logits",
+                                           kernel_initializer=tf.compat.v1.constant_initializer(0.5))
+        plain = tf.compat.v1.losses.sparse_softmax_cross_entropy(tf.clip_by_value(labels, 0, CLASSES - 1), logits)
+        if mode == ModeKeys.TRAIN:
+            return CSEstimatorSpec(mode, loss=plain, train_op=tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+                plain, global_step=tf.compat.v1.train.get_global_step()))
+        valid = tf.reduce_all((labels >= 0) & (labels < CLASSES))
+        loss = tf.cond(valid, lambda: tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits),
+                       lambda: tf.constant(0.0))
+        return CSEstimatorSpec(mode, loss=loss)
+
+    estimator(model_dir, model_fn).train(classification_input_fn(), max_steps=2)
+    cerebras_tf.release_system()
+    labels = LABELS.copy()
+    labels[5] = 7  # batch 2
+    cpu = CerebrasEstimator(model_fn, model_dir=model_dir, config=CSRunConfig(), params={"batch_size": BATCH})
+    on_cpu = cpu.evaluate(classification_input_fn(labels), steps=3)
+    on_system = estimator(model_dir, model_fn).evaluate(classification_input_fn(labels), steps=3, use_cs=True)
+    np.testing.assert_allclose(on_system["loss"], on_cpu["loss"], rtol=1e-5)
 
 
 # --------------------------------------------------------------------------- NaN loss

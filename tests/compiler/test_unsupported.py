@@ -43,6 +43,14 @@ def _while_loop_in_cond(x, labels):
     return tf.cond(tf.reduce_sum(x) > 0.0, loop, lambda: x)  # MARK:while_loop_in_cond
 
 
+def _tf1_cond(x, labels):
+    tf.compat.v1.disable_control_flow_v2()
+    try:
+        return tf.cond(tf.reduce_sum(x) > 0.0, lambda: x * 2.0, lambda: x)  # MARK:tf1_cond
+    finally:
+        tf.compat.v1.enable_control_flow_v2()
+
+
 def _dynamic_reshape(x, labels):
     rows = tf.reduce_max(labels) + 1
     flat = tf.reshape(x, tf.stack([rows, -1]))  # MARK:dynamic_reshape
@@ -58,6 +66,7 @@ CASES = {  # construct -> (op type in the message, error class, words of the hin
     # tf.cond branches are compiled (both run; only the taken one writes variables), not loops inside them
     "while_loop_in_cond": (_while_loop_in_cond, "StatelessWhile", UnsupportedOpError, "Unroll the loop"),
     "dynamic_reshape": (_dynamic_reshape, "Reshape", DynamicShapeError, "at compile time"),
+    "tf1_cond": (_tf1_cond, "Switch", UnsupportedOpError, "tf.compat.v1.enable_control_flow_v2()"),
 }
 
 

@@ -7,6 +7,7 @@ import pytest
 from cerebras_tf.amp import GradScaler
 from cerebras_tf import ir
 from cerebras_tf.wse.executor import Executor
+from cerebras_tf.wse.kernels import KernelInputError
 
 
 def _tensor(tid: int, dtype: str = "float32", name: str = "", const: ir.Const | None = None) -> ir.Tensor:
@@ -46,6 +47,34 @@ def test_a_kernel_reading_a_guard_made_by_a_later_phase_is_refused():
     program.kernels[0].role = "optimizer"  # the guard is now made in phase 2, after the phase-1 write
     with pytest.raises(ValueError, match="reads tensor 2 produced by an optimizer kernel"):
         Executor(program, {"v": np.float32(0), "w": np.float32(0)})
+
+
+def _check_guarded_program() -> ir.Program:
+    """rows = gather(table, ids), refusing bad ids only when `taken` (labels) is True: a look-up in a tf.cond
+    branch, which TF runs only when the branch is taken."""
+    tensors = [ir.Tensor(0, [3], "int32", "features"), _tensor(1, "bool", "labels"),
+               ir.Tensor(2, [4, 2], "float32", "table", ir.Const()), ir.Tensor(3, [3, 2], "float32", "rows")]
+    kernels = [ir.Kernel(0, "gather", [2, 0], [3], {"axis": 0, "batch_dims": 0}, tf_name="cond/Gather",
+                         check_guard=1)]
+    return ir.Program(mode="infer", tensors=tensors, kernels=kernels, variables=[],
+                      inputs={"features": 0, "labels": 1}, outputs={"predictions/rows": 3},
+                      arrays={2: np.arange(8, dtype=np.float32).reshape(4, 2)})
+
+
+def test_a_check_guarded_kernel_refuses_bad_ids_only_when_its_guard_is_true():
+    program = ir.Program.from_json(_check_guarded_program().to_json(), _check_guarded_program().arrays)
+    assert program.kernels[0].check_guard == 1 and program.kernels[0].reads == [2, 0, 1]
+    executor = Executor(program, {})
+    ids = np.array([3, 9, 0], np.int32)
+    rows = executor.step(ids, np.bool_(False)).outputs["predictions/rows"]  # not taken: clamped, discarded
+    np.testing.assert_array_equal(rows, [[6, 7], [6, 7], [0, 1]])
+    with pytest.raises(KernelInputError, match=r"^indices\[1\] = 9 is not in \[0, 4\)$") as info:
+        executor.step(ids, np.bool_(True))
+    assert info.value.kernel.tf_name == "cond/Gather"
+    good = np.array([3, 1, 0], np.int32)
+    for taken in (True, False):
+        np.testing.assert_array_equal(executor.step(good, np.bool_(taken)).outputs["predictions/rows"],
+                                      [[6, 7], [2, 3], [0, 1]])
 
 
 def _scaled_program() -> ir.Program:

@@ -60,6 +60,13 @@ BROKEN: dict[str, tuple[Callable[[ir.Program], None], str]] = {
                        "is guarded by tensor 3, a float32 [], not a scalar bool"),
     "guard on a non-write": (_set(lambda p: p.kernels[1], guard=0),
                              "is guarded but writes no variable"),
+    "check guard not bool": (_set(lambda p: p.kernels[1], kind="gather", check_guard=3),
+                             "kernel 1 (gather, dense/MatMul) is check-guarded by tensor 3, a float32 [], not a "
+                             "scalar bool"),
+    "check guard defined later": (_set(lambda p: p.kernels[1], kind="gather", check_guard=8),
+                                  "is check-guarded by tensor 8, which no earlier kernel defines"),
+    "check guard on a kind that checks nothing": (_set(lambda p: p.kernels[1], check_guard=0),
+                                                  "is check-guarded but is not a kind that checks its input"),
     "input side": (lambda p: p.inputs.update({"weights": p.inputs.pop("features")}),
                    "input 'weights' is neither features nor labels"),
     "input is a constant": (lambda p: p.inputs.update({"labels": 6}),
@@ -72,7 +79,7 @@ BROKEN: dict[str, tuple[Callable[[ir.Program], None], str]] = {
                                 "output 'summary/abs_loss' is not a scalar or histogram summary"),
     "gradient seed": (_set(lambda p: p, gradient_seed=2), "gradient_seed 2 is not a gradient_seed kernel"),
     "gradient not computed": (_set(lambda p: p, gradients=[0]), "gradients [0] are not computed by any kernel"),
-    "version": (_set(lambda p: p, version=0), "IR version 0 is not 1"),
+    "version": (_set(lambda p: p, version=0), f"IR version 0 is not {ir.IR_VERSION}"),
 }
 
 

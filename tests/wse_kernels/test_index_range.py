@@ -145,3 +145,54 @@ def test_in_range_indices_at_both_ends_are_gathered_as_tf_gathers(index_dtype, r
     run("scatter_add_variable", [idx, data], variables=[ours])
     R.ResourceScatterAdd(resource=variable.handle, indices=idx, updates=data)
     check(ours, variable.numpy())
+
+
+# ---- in a tf.cond branch not taken this step (check=False): TF never runs the op, so nothing is refused --------
+
+@pytest.mark.parametrize("pshape,indices,axis,bd,message", BAD_GATHERS)
+def test_an_unchecked_gather_refuses_nothing_and_gives_tfs_shape(pshape, indices, axis, bd, message, rng):
+    """(Its result is discarded by the if-converted cond's select: only its shape matters, and that it runs.)"""
+    params = rng.normal(size=pshape).astype(F)
+    idx = np.array(indices, np.int32)
+    a = axis % len(pshape)
+    rows = max(pshape[a], 1)  # TF's shape for ids in range (of a table with a row, where it has none)
+    tf_shape = R.GatherV2(params=np.ones(pshape[:a] + (rows,) + pshape[a + 1:], F), indices=np.clip(idx, 0, rows - 1),
+                          axis=axis, batch_dims=bd).shape
+    out = run("gather", [params, idx], {"axis": axis, "batch_dims": bd}, check=False)[0]
+    assert out.shape == tuple(tf_shape) and out.dtype == params.dtype
+
+
+@pytest.mark.parametrize("kind", ["gather", "gather_variable"])
+def test_an_unchecked_gather_of_ids_in_range_is_tfs_gather(kind, rng):
+    params = rng.normal(size=(6, 3)).astype(F)
+    idx = np.array([[5, 0], [2, 3]], np.int32)
+    inputs, variables = ([params, idx], None) if kind == "gather" else ([idx], [params])
+    check(run(kind, inputs, {"axis": 0, "batch_dims": 0}, variables=variables, check=False)[0],
+          R.GatherV2(params=params, indices=idx, axis=0))
+
+
+def test_an_unchecked_gather_variable_refuses_nothing(rng):
+    table = rng.normal(size=(5, 3)).astype(F)
+    out = run("gather_variable", [np.array([[0, 7], [-1, 4]], np.int32)], {"batch_dims": 0}, variables=[table],
+              check=False)[0]
+    assert out.shape == (2, 2, 3)
+    np.testing.assert_array_equal(out[0, 0], table[0])
+    np.testing.assert_array_equal(out[1, 1], table[4])
+
+
+def test_an_unchecked_unsorted_segment_sum_drops_ids_too_large_as_tf_drops_negative_ones(rng):
+    data = rng.normal(size=(5, 3)).astype(F)
+    ids = np.array([0, 7, -1, 4, 5], np.int32)
+    check(run("unsorted_segment_sum", [data, ids], {"num_segments": 5}, check=False)[0],
+          R.UnsortedSegmentSum(data=data, segment_ids=np.where(ids >= 5, -1, ids), num_segments=5))
+
+
+def test_an_unchecked_sparse_softmax_gives_tfs_rows_for_labels_in_range_and_zeros_for_the_others(rng):
+    logits = rng.normal(size=(4, 3)).astype(F)
+    labels = np.array([2, 7, -3, 0], np.int32)
+    loss, grad = run("sparse_softmax_cross_entropy", [logits, labels], check=False)
+    good = np.array([0, 3])
+    tf_loss, tf_grad = R.SparseSoftmaxCrossEntropyWithLogits(features=logits[good], labels=labels[good])
+    check(loss[good], tf_loss)
+    check(grad[good], tf_grad)
+    assert not loss[1:3].any() and not grad[1:3].any()

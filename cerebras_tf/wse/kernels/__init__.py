@@ -40,14 +40,14 @@ __all__ = ["KERNELS", "DenseKernel", "HostKernels", "KernelContext", "KernelFn",
 
 def run_kernel(kind: str, inputs: list[np.ndarray], attrs: Mapping[str, Any] | None = None,
                variables: list[np.ndarray] | None = None, step: int = 0, salt: int = 0,
-               host_kernels: HostKernels | None = None) -> list[np.ndarray]:
+               host_kernels: HostKernels | None = None, check: bool = True) -> list[np.ndarray]:
     """Run one kernel. `variables` (resource operands) are written in place by the writing kinds;
     `step` (global step) and `salt` (kernel id) seed the random kinds; `host_kernels` provides the
-    dense arithmetic (numpy/OpenBLAS when None)."""
+    dense arithmetic (numpy/OpenBLAS when None); `check`: see KernelContext.check."""
     try:
         fn = KERNELS[kind]
     except KeyError:
         raise KeyError(f"no WSE kernel implements kind {kind!r}") from None
     ctx = KernelContext(variables=list(variables or []), step=step, salt=salt,
-                        host_kernels=host_kernels or NUMPY_HOST_KERNELS)
+                        host_kernels=host_kernels or NUMPY_HOST_KERNELS, check=check)
     return fn([np.asarray(x) for x in inputs], attrs or {}, ctx)

@@ -5,7 +5,8 @@ refuse an index outside [0, limit) with InvalidArgumentError; numpy would wrap a
 raise a bare IndexError for a large one. The check is one vectorised pass: viewed as unsigned, a negative
 index is larger than any limit, so one max() finds both kinds. Only when it fails is the offending position
 looked for: the first in row-major order, which is what TF names (for large inputs with several bad indices,
-TF's sharded kernel may name a later one: whichever shard reports last).
+TF's sharded kernel may name a later one: whichever shard reports last). A kernel in a tf.cond branch not taken
+this step refuses nothing (TF does not run it): a gather reads `clamped` indices instead.
 """
 from __future__ import annotations
 
@@ -38,6 +39,15 @@ def first_out_of_range(indices: np.ndarray, limit: int, negatives_dropped: bool 
         return None
     flat = indices.reshape(-1)
     return int(np.argmax((flat < 0) | (flat >= limit)))
+
+
+def clamped(indices: np.ndarray, limit: int) -> np.ndarray:
+    """The indices with those outside [0, limit) moved to the nearer end (the array itself when all are in range):
+    what a kernel in an untaken tf.cond branch reads instead of refusing them (limit >= 1)."""
+    indices = np.asarray(indices)
+    if indices.size == 0 or _all_below(indices, limit):
+        return indices
+    return np.clip(indices, 0, limit - 1)
 
 
 def where(shape: tuple[int, ...], flat: int) -> str:

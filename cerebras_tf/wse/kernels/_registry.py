@@ -16,13 +16,17 @@ class KernelContext:
     variables: the resource operands (Kernel.vars order), written in place by
     the variable-writing kinds. step: the global step, which random kernels mix
     into their (seed, seed2) pair so each step draws a fresh sample. salt: mixed
-    in only for unseeded random kernels (seed == seed2 == 0).
+    in only for unseeded random kernels (seed == seed2 == 0). check: whether a
+    kernel refuses input TF's CPU kernel refuses (KernelInputError); False in a
+    tf.cond branch not taken this step (Kernel.check_guard), where the kernel
+    computes on clamped input instead (its results are discarded).
     """
 
     variables: list[np.ndarray] = dataclasses.field(default_factory=list)
     step: int = 0
     salt: int = 0  # distinguishes unseeded (seed == seed2 == 0) random kernels: pass the kernel id
     host_kernels: HostKernels = NUMPY_HOST_KERNELS
+    check: bool = True  # set by the executor each step for a kernel with a check_guard
 
 
 class KernelInputError(ValueError):

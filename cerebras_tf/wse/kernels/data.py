@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from cerebras_tf.wse.kernels._indices import check_indices, check_segment_ids
+from cerebras_tf.wse.kernels._indices import check_indices, check_segment_ids, clamped
 from cerebras_tf.wse.kernels._registry import KernelContext, register
 
 
@@ -180,12 +180,18 @@ def one_hot(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelConte
     return [np.ascontiguousarray(out)]
 
 
-def gather(params: np.ndarray, indices: np.ndarray, axis: int, batch_dims: int) -> np.ndarray:
+def gather(params: np.ndarray, indices: np.ndarray, axis: int, batch_dims: int, check: bool = True) -> np.ndarray:
     """tf.gather(params, indices, axis, batch_dims); an index outside [0, params.shape[axis]) raises
-    KernelInputError with the message of TF's CPU kernel ("indices[1,2] = 7 is not in [0, 5)")."""
+    KernelInputError with the message of TF's CPU kernel ("indices[1,2] = 7 is not in [0, 5)"), or, unless
+    `check` (an untaken tf.cond branch: KernelContext.check), is clamped into range."""
     indices = np.asarray(indices)
     axis = _norm(axis, params.ndim)
-    check_indices(indices, params.shape[axis])
+    if check:
+        check_indices(indices, params.shape[axis])
+    else:
+        if params.shape[axis] == 0:  # nothing to clamp to: gather zeros
+            params = np.zeros(params.shape[:axis] + (1,) + params.shape[axis + 1:], params.dtype)
+        indices = clamped(indices, params.shape[axis])
     batch_dims = batch_dims + indices.ndim if batch_dims < 0 else batch_dims
     if batch_dims == 0:
         return np.take(params, indices, axis=axis)
@@ -208,20 +214,22 @@ def gather(params: np.ndarray, indices: np.ndarray, axis: int, batch_dims: int) 
 def gather_kernel(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
     """GatherV2(params, indices) with attrs axis, batch_dims."""
     params, indices = inputs
-    return [gather(params, indices, _int(attrs.get("axis", 0)), int(attrs.get("batch_dims", 0)))]
+    return [gather(params, indices, _int(attrs.get("axis", 0)), int(attrs.get("batch_dims", 0)), ctx.check)]
 
 
 @register("unsorted_segment_sum")
 def unsorted_segment_sum(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
     """UnsortedSegmentSum(data, segment_ids) with attr num_segments; negative ids are dropped, as TF does, and an
-    id >= num_segments raises KernelInputError with TF's message ("segment_ids[2] = 7 is out of range [0, 5)")."""
+    id >= num_segments raises KernelInputError with TF's message ("segment_ids[2] = 7 is out of range [0, 5)"), or,
+    unless ctx.check (an untaken tf.cond branch), is dropped too."""
     data, ids = np.asarray(inputs[0]), np.asarray(inputs[1])
     n = _int(attrs["num_segments"])
-    check_segment_ids(ids, n)
+    if ctx.check:
+        check_segment_ids(ids, n)
     rest = data.shape[ids.ndim:]
     flat_ids = ids.reshape(-1)
     rows = data.reshape((flat_ids.size,) + rest)
-    keep = flat_ids >= 0
+    keep = flat_ids >= 0 if ctx.check else (flat_ids >= 0) & (flat_ids < n)
     out = np.zeros((n,) + rest, data.dtype)
     np.add.at(out, flat_ids[keep], rows[keep])
     return [out]

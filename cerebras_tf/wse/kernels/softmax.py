@@ -54,12 +54,16 @@ def sparse_softmax_cross_entropy(inputs: list[np.ndarray], attrs: Mapping[str, A
 
     A label of -1 is padding, as on the CS system (the Model Zoo's variable sequence length pads masked-LM
     labels with -1, ``mlm_pad_id``): its row's loss and gradient are 0. Any other label outside
-    [0, classes) raises KernelInputError, as TF's CPU kernel raises InvalidArgumentError.
+    [0, classes) raises KernelInputError, as TF's CPU kernel raises InvalidArgumentError, or, unless ctx.check
+    (an untaken tf.cond branch), is taken as padding too.
     """
     logits, labels = inputs
     k = logits.shape[-1]
     padding = labels == PADDING_LABEL
-    _check_labels(labels, k, counted=~padding)
+    if ctx.check:
+        _check_labels(labels, k, counted=~padding)
+    else:
+        padding |= (labels < 0) | (labels >= k)
     s = _shifted(logits)
     e = np.exp(s)
     total = e.sum(axis=-1, keepdims=True)

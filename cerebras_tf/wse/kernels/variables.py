@@ -33,7 +33,8 @@ def read_variable(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Kerne
 @register("gather_variable")
 def gather_variable(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
     """ResourceGather(resource; indices) with attr batch_dims (axis 0)."""
-    return [gather(ctx.variables[0], inputs[0], int(attrs.get("batch_dims", 0)), int(attrs.get("batch_dims", 0)))]
+    batch_dims = int(attrs.get("batch_dims", 0))
+    return [gather(ctx.variables[0], inputs[0], batch_dims, batch_dims, ctx.check)]
 
 
 @register("assign_variable")
