@@ -8,7 +8,7 @@ CerebrasEstimator / CSRunConfig / cerebras_tf.amp, checked against plain Estimat
 - an injected overflow is skipped (no weight or slot moves, global_step does, the scale halves) and
   training recovers;
 - a run killed with SIGKILL at random moments leaves a loadable latest checkpoint that plain TF evaluates
-  and that training resumes from;
+  and that training resumes from, ending bit for bit where an uninterrupted run ends;
 - plain Estimator.predict and export_saved_model serve the weights the simulated WSE trained.
 """
 from __future__ import annotations
@@ -231,20 +231,32 @@ def test_an_injected_overflow_is_skipped_and_training_recovers(tmp_path, float16
 # --------------------------------------------------------------------------- 4. kill -9 and resume
 
 def test_a_run_killed_at_random_moments_leaves_a_loadable_checkpoint_and_resumes_from_it(tmp_path):
+    """Three SIGKILLs at random moments (maybe mid-save), each run resuming from the latest checkpoint; then the
+    series, resumed once more to a fixed step, ends bit for bit where an uninterrupted run ends (every variable,
+    Adam slots, global_step and the loss-scale state). The data (--rows 40) repeats every 5 batches, a divisor
+    of the checkpoint interval: a resumed run's input_fn starts over, as in tf.estimator. The soak with 10
+    kills, most of them mid-save, in float16 and float32: python -m benchmarks.kill_soak."""
+    import glob
     import subprocess
     import sys
     import time
 
     import kill_train_script as script
 
-    model_dir = str(tmp_path)
-    command = [sys.executable, os.path.join(os.path.dirname(__file__), "kill_train_script.py"), model_dir]
+    from cerebras_tf.trainer_lock import LOCK_FILE
+
+    model_dir, reference_dir = str(tmp_path / "killed"), str(tmp_path / "uninterrupted")
+    script_path = os.path.join(os.path.dirname(__file__), "kill_train_script.py")
+
+    def command(directory, *max_steps):
+        return [sys.executable, script_path, directory, *map(str, max_steps), "--rows", "40"]
+
     rng = np.random.RandomState(0)
     steps_seen = []
     for attempt in range(3):
         log_path = tmp_path / f"run{attempt}.log"
         with open(log_path, "w") as log:
-            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(command(model_dir), stdout=log, stderr=subprocess.STDOUT)
             try:
                 before = tf.train.latest_checkpoint(model_dir)
                 deadline = time.monotonic() + 120
@@ -266,6 +278,26 @@ def test_a_run_killed_at_random_moments_leaves_a_loadable_checkpoint_and_resumes
         plain = Estimator(script.model_fn, model_dir=model_dir, params={})
         assert plain.evaluate(script.input_fn, steps=2)["global_step"] == step
     assert steps_seen == sorted(steps_seen) and steps_seen[-1] > steps_seen[0]  # each run resumed and went on
+
+    # Resumed once more to a fixed step, beside an uninterrupted run to that step (both at once: two processes).
+    last = steps_seen[-1] + 100
+    logs = [tmp_path / "final.log", tmp_path / "uninterrupted.log"]
+    runs = []
+    for directory, log_path in zip((model_dir, reference_dir), logs):
+        with open(log_path, "w") as log:
+            runs.append(subprocess.Popen(command(directory, last), stdout=log, stderr=subprocess.STDOUT))
+    for proc, log_path in zip(runs, logs):
+        assert proc.wait(timeout=300) == 0, log_path.read_text()
+    assert "Taking over the trainer lock" in logs[0].read_text()
+    resumed, uninterrupted = checkpoint_values(model_dir), checkpoint_values(reference_dir)
+    assert resumed["global_step"] == last
+    assert {"amp/loss_scale", "amp/steps_since_rescale", "hidden/kernel/Adam", "beta1_power"} <= set(resumed)
+    assert sorted(resumed) == sorted(uninterrupted)
+    for name, value in uninterrupted.items():
+        assert resumed[name].dtype == value.dtype, name
+        np.testing.assert_array_equal(resumed[name], value, err_msg=name)
+    assert not glob.glob(os.path.join(model_dir, "*.tempstate*"))
+    assert not os.path.exists(os.path.join(model_dir, LOCK_FILE))
 
 
 # --------------------------------------------------------------------------- 5. plain TF reads the checkpoint
