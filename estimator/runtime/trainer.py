@@ -7,7 +7,9 @@ a MonitoredTrainingSession with the hooks users see from tf.estimator:
 "loss = ..., step = ..." every log_step_count_steps, global_step/sec,
 summaries every save_summary_steps (a `loss` scalar included), checkpoints
 `model.ckpt-<step>` (keep_checkpoint_max of them, one at the end),
-graph.pbtxt, and saving listeners on the checkpoint saver.
+graph.pbtxt, and saving listeners on the checkpoint saver. In a cluster with
+a `master` and workers, worker 0 writes the summaries and global_step/sec
+instead of the master (tf.estimator's placement).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import tensorflow as tf
 
 from estimator.runtime import tf_internal
+from estimator.runtime.cluster import TaskType
 from estimator.runtime.mode_keys import ModeKeys
 from estimator.runtime.spec import EstimatorSpec
 from estimator.runtime.warm_start import maybe_warm_start
@@ -67,6 +70,7 @@ def run_training(estimator: "Estimator", spec: EstimatorSpec, hooks: list[Any], 
     worker_hooks.extend(spec.training_hooks)
     _add_default_saver(spec.scaffold, config)
     chief_hooks = _checkpoint_hooks(estimator, spec, worker_hooks, saving_listeners)
+    save_summary_steps, log_step_count_steps = _summary_hooks_on_worker_0(config, spec, worker_hooks)
     with tf.compat.v1.train.MonitoredTrainingSession(
             master=config.master,
             is_chief=config.is_chief,
@@ -75,10 +79,10 @@ def run_training(estimator: "Estimator", spec: EstimatorSpec, hooks: list[Any], 
             hooks=worker_hooks,
             chief_only_hooks=[*chief_hooks, *spec.training_chief_hooks],
             save_checkpoint_secs=0,  # the CheckpointSaverHook above saves
-            save_summaries_steps=config.save_summary_steps,
+            save_summaries_steps=save_summary_steps,
             config=config.session_config,
             max_wait_secs=config.session_creation_timeout_secs,
-            log_step_count_steps=config.log_step_count_steps,
+            log_step_count_steps=log_step_count_steps,
             save_graph_def=config.checkpoint_save_graph_def) as session:
         loss, steps = None, 0
         while not session.should_stop():
@@ -87,6 +91,27 @@ def run_training(estimator: "Estimator", spec: EstimatorSpec, hooks: list[Any], 
     if steps == 0:
         tf.compat.v1.logging.warning("Training with estimator made no steps. Perhaps input is empty or misspecified.")
     return loss
+
+
+def _summary_hooks_on_worker_0(config: Any, spec: EstimatorSpec, worker_hooks: list[Any]) -> tuple[int, int | None]:
+    """(save_summaries_steps, log_step_count_steps) for the session, as tf.estimator sets them.
+
+    In a cluster with a `master` and workers, the master also evaluates, which
+    would stall its summaries: worker 0 writes the summaries and
+    global_step/sec to model_dir instead (hooks appended to worker_hooks), and
+    no task's session adds its own.
+    """
+    jobs = config.cluster_spec.jobs if config.cluster_spec else []
+    if not (TaskType.WORKER in jobs and TaskType.MASTER in jobs):
+        return config.save_summary_steps, config.log_step_count_steps
+    if config.task_type == TaskType.WORKER and config.task_id == 0:
+        if config.save_summary_steps and config.save_summary_steps > 0:
+            worker_hooks.append(tf.compat.v1.train.SummarySaverHook(
+                save_steps=config.save_summary_steps, output_dir=config.model_dir, scaffold=spec.scaffold))
+        if config.log_step_count_steps and config.log_step_count_steps > 0:
+            worker_hooks.append(tf.compat.v1.train.StepCounterHook(
+                every_n_steps=config.log_step_count_steps, output_dir=config.model_dir))
+    return 0, None
 
 
 def _add_default_saver(scaffold: Any, config: Any) -> None:
