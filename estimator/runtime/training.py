@@ -9,14 +9,28 @@ with save_checkpoints_steps=S and max_steps=N, one per S steps (throttle
 permitting) plus the final step. Returns (the last evaluation's metrics,
 the exporters' results of that evaluation).
 
-In a TF_CONFIG cluster each task does its part, as in tf.estimator: the
-chief and workers train (a `master` task also evaluates, as a local run
-does), and the `evaluator` task evaluates each new checkpoint the chief writes
-(at most once per throttle_secs, after start_delay_secs) until one at
-max_steps, running the exporters; these return None. Parameter servers (`ps`
-tasks) are not supported yet. estimator.api.called_from_train_and_evaluate
-recognises this module's frames by their names (train_and_evaluate, run_local,
-run_chief, run_worker, run_evaluator, _start_distributed_training): keep them.
+In a TF_CONFIG cluster each task does its part, as in tf.estimator, and
+returns None: the chief and workers train (a `master` task also evaluates, as
+a local run does), and the `evaluator` task evaluates each new checkpoint the
+chief writes (at most once per throttle_secs, after start_delay_secs) until
+one at max_steps, running the exporters.
+
+Clusters with parameter servers are tf.estimator's between-graph replication.
+A `ps` task starts its TF server and joins it: it serves variables until the
+process is stopped. Each trainer starts its own server before anything else
+(so peers can reach it while it waits), a worker then waits (task id + 1) * 5
+secs (at most experimental_max_worker_delay_secs), and trains with
+Estimator.train: the Estimator's replica device setter puts variables on the
+`ps` tasks and the rest of the graph on this task, and the
+MonitoredTrainingSession runs on this task's server (RunConfig.master), the
+chief initialising and saving, workers waiting for the chief's variables. The
+steps are asynchronous: each trainer stops once it sees max_steps, so the
+final global step may pass it by up to the number of trainers - 1. In a
+`master` cluster with workers, worker 0 writes the summaries (trainer.py).
+
+estimator.api.called_from_train_and_evaluate recognises this module's frames
+by their names (train_and_evaluate, run_local, run_chief, run_worker,
+run_evaluator, _start_distributed_training): keep them.
 """
 from __future__ import annotations
 
@@ -272,18 +286,18 @@ class _TrainingExecutor:
         if config.task_type == "local":
             raise ValueError("`task.type` in TF_CONFIG cannot be `local`. Leaving `cluster` and `task` properties "
                              "in TF_CONFIG absent triggers train and evaluate `Estimator` locally (non-distributed).")
-        runs = {TaskType.CHIEF: self.run_chief, TaskType.WORKER: self.run_worker, TaskType.MASTER: self.run_master,
-                TaskType.EVALUATOR: self.run_evaluator}
-        if config.task_type == TaskType.PS:
-            raise NotImplementedError(
-                "train_and_evaluate as a `ps` task is not supported by cerebras-tf's Estimator runtime yet: it runs "
-                "locally (no cluster in TF_CONFIG) and as `chief`, `worker`, `master` and `evaluator` tasks, without "
-                "parameter servers. Use tf.estimator (TensorFlow <= 2.15) for clusters with `ps` tasks.")
+        runs = {TaskType.CHIEF: self.run_chief, TaskType.EVALUATOR: self.run_evaluator,
+                TaskType.MASTER: self.run_master, TaskType.PS: self.run_ps, TaskType.WORKER: self.run_worker}
         if config.task_type not in runs:
             raise ValueError(f"Task type {config.task_type} is not supported. Supported task types are "
-                             f"{sorted([*runs, TaskType.PS])}")
+                             f"{list(runs)}")
         runs[config.task_type]()
         return None
+
+    def run_ps(self) -> None:
+        """A parameter server: start this task's TF server and serve the trainers' variables until killed."""
+        server = _start_std_server(self._estimator.config)
+        server.join()
 
     def run_local(self) -> tuple[dict[str, Any] | None, list[Any] | None]:
         """Train to max_steps, evaluating and exporting after checkpoints (see the module docstring)."""
@@ -341,9 +355,6 @@ class _TrainingExecutor:
     def _start_distributed_training(self, saving_listeners: list[Any] | None = None) -> None:
         """Start this task's TF server (unless the cluster is this one trainer), wait a worker's delay, train."""
         config = self._estimator.config
-        if config.num_ps_replicas:
-            raise NotImplementedError("train_and_evaluate with parameter servers (`ps` tasks in TF_CONFIG) is not "
-                                      "supported by cerebras-tf's Estimator runtime yet.")
         if json.loads(os.environ.get("TF_CONFIG") or "{}").get("environment") != "google":
             _start_std_server(config)
         delay = 0

@@ -180,16 +180,6 @@ def test_the_evaluator_evaluates_new_checkpoints_until_max_steps(tmp_path, monke
     assert len(_exports(model_dir, "final")) == 1
 
 
-def test_parameter_servers_say_what_is_supported(tmp_path, monkeypatch):
-    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"chief": ["localhost:2222"], "ps": ["localhost:2223"]},
-                                                "task": {"type": "ps", "index": 0}}))
-    estimator = Estimator(models.dense_model_fn(runtime), model_dir=str(tmp_path), params={})
-    with pytest.raises(NotImplementedError, match="as a `ps` task is not supported .* locally .* `chief`, `worker`, "
-                                                  "`master` and `evaluator` tasks"):
-        runtime.train_and_evaluate(estimator, runtime.TrainSpec(models.input_fn(), max_steps=3),
-                                   runtime.EvalSpec(models.input_fn(repeat=False)))
-
-
 _BAD_SPECS = [
     (lambda api: api.TrainSpec(None), TypeError, "`input_fn` must be callable, given: None"),
     (lambda api: api.TrainSpec(models.input_fn(), max_steps=0), ValueError, "Must specify max_steps > 0, given: 0"),
