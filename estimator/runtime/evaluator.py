@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import tensorflow as tf
 
+from estimator.runtime import distributed
 from estimator.runtime.hooks import StopAfterNEvalsHook, eval_step_counter
 from estimator.runtime.mode_keys import ModeKeys
 from estimator.runtime.spec import LOSS_METRIC_KEY
@@ -31,33 +32,39 @@ GLOBAL_STEP_KEY = tf.compat.v1.GraphKeys.GLOBAL_STEP
 def evaluate_model(estimator: "Estimator", input_fn: Callable[..., Any], hooks: list[Any],
                    checkpoint_path: str | None, output_dir: str) -> dict[str, Any]:
     """Build the EVAL graph, run it from `checkpoint_path` and write the results to `output_dir`."""
-    if estimator.config.eval_distribute is not None:
-        raise NotImplementedError("RunConfig(eval_distribute=...) is not supported by the estimator runtime yet.")
+    if estimator._eval_distribution is not None:
+        return distributed.evaluate_model(estimator, input_fn, hooks, checkpoint_path, output_dir)
     with tf.Graph().as_default() as graph:
         tf.compat.v1.random.set_random_seed(estimator.config.tf_random_seed)
         estimator._create_and_assert_global_step(graph)
         features, labels, input_hooks = estimator._get_features_and_labels_from_input_fn(input_fn, ModeKeys.EVAL)
         spec = estimator._call_model_fn(features, labels, ModeKeys.EVAL, estimator.config)
         update_op, metrics = _metric_ops(spec.eval_metric_ops, spec.loss)
-        global_step = tf.compat.v1.train.get_global_step(graph)
-        if not checkpoint_path:
-            maybe_warm_start(estimator._warm_start_settings)
-        if GLOBAL_STEP_KEY in metrics:
-            raise ValueError("Metric with name `global_step` is not allowed, because Estimator already defines a "
-                             "default metric with the same name.")
-        metrics[GLOBAL_STEP_KEY] = global_step
-        scaffold = spec.scaffold
-        if scaffold.local_init_op is not None:
-            eval_step_counter()  # the model's own local_init_op must not leave the eval step uninitialized
-            scaffold = tf.compat.v1.train.Scaffold(
-                local_init_op=tf.group(scaffold.local_init_op, tf.compat.v1.train.Scaffold.default_local_init_op()),
-                copy_from_scaffold=scaffold)
-        results = _run(estimator, scaffold, update_op, metrics, [*input_hooks, *hooks, *spec.evaluation_hooks],
-                       checkpoint_path)
-        step = int(results[GLOBAL_STEP_KEY])
-        write_dict_to_summary(output_dir, results, step)  # in the graph: v1 summary writers refuse eager mode
-        if checkpoint_path:
-            _write_checkpoint_path(output_dir, checkpoint_path, step)
+        return run_evaluation(estimator, spec.scaffold, update_op, metrics,
+                              [*input_hooks, *hooks, *spec.evaluation_hooks], checkpoint_path, output_dir)
+
+
+def run_evaluation(estimator: "Estimator", scaffold: Any, update_op: Any, metrics: dict[str, Any],
+                   hooks: list[Any], checkpoint_path: str | None, output_dir: str) -> dict[str, Any]:
+    """In the EVAL graph built up to the metrics: run it from `checkpoint_path` (or a warm start) and write the
+    results (with global_step) to `output_dir`."""
+    global_step = tf.compat.v1.train.get_global_step()
+    if not checkpoint_path:
+        maybe_warm_start(estimator._warm_start_settings)
+    if GLOBAL_STEP_KEY in metrics:
+        raise ValueError("Metric with name `global_step` is not allowed, because Estimator already defines a "
+                         "default metric with the same name.")
+    metrics[GLOBAL_STEP_KEY] = global_step
+    if scaffold.local_init_op is not None:
+        eval_step_counter()  # the model's own local_init_op must not leave the eval step uninitialized
+        scaffold = tf.compat.v1.train.Scaffold(
+            local_init_op=tf.group(scaffold.local_init_op, tf.compat.v1.train.Scaffold.default_local_init_op()),
+            copy_from_scaffold=scaffold)
+    results = _run(estimator, scaffold, update_op, metrics, hooks, checkpoint_path)
+    step = int(results[GLOBAL_STEP_KEY])
+    write_dict_to_summary(output_dir, results, step)  # in the graph: v1 summary writers refuse eager mode
+    if checkpoint_path:
+        _write_checkpoint_path(output_dir, checkpoint_path, step)
     return results
 
 

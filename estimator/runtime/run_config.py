@@ -14,7 +14,7 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
-from estimator.runtime import cluster
+from estimator.runtime import cluster, distributed
 from estimator.runtime.calls import fn_args
 
 _USE_DEFAULT: Any = object()
@@ -78,6 +78,8 @@ class RunConfig:
     _global_id_in_cluster: int | None
     _is_chief: bool
     _service: dict[str, Any] | None
+    # Set (on the instance) only with strategies: distributed.init_run_config's coordinator mode, or None.
+    _distribute_coordinator_mode: str | None = None
 
     def __init__(self, model_dir: str | None = None, tf_random_seed: int | None = None,
                  save_summary_steps: int = 100, save_checkpoints_steps: Any = _USE_DEFAULT,
@@ -96,6 +98,7 @@ class RunConfig:
             save_checkpoints_steps = None
         elif save_checkpoints_steps is not None and save_checkpoints_secs is not None:
             raise ValueError(_BOTH_SAVE_SETTINGS)
+        distributed.verify_strategy_compatibility(train_distribute, eval_distribute)
         tf_config = cluster.read_tf_config()
         self._set(
             model_dir=cluster.model_dir_from(tf_config, path_to_str(model_dir)),
@@ -116,7 +119,11 @@ class RunConfig:
             session_creation_timeout_secs=session_creation_timeout_secs,
             checkpoint_save_graph_def=checkpoint_save_graph_def,
         )
-        self._init_cluster(cluster.cluster_settings(tf_config))
+        if distributed.configures_strategies(train_distribute, eval_distribute, experimental_distribute):
+            tf.compat.v1.logging.info("Initializing RunConfig with distribution strategies.")
+            distributed.init_run_config(self, tf_config)  # the coordinator's mode, the cluster as it needs it
+        else:
+            self._init_cluster(cluster.cluster_settings(tf_config))
 
     def _init_cluster(self, settings: cluster.ClusterSettings) -> None:
         """Take the cluster properties from TF_CONFIG; a task of a real cluster talks only to its peers."""

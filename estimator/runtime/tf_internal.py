@@ -16,11 +16,16 @@ public equivalent and exist unchanged from TF 2.15 to 2.21:
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import tensorflow as tf
+from tensorflow.python.distribute import distribute_coordinator as _coordinator
+from tensorflow.python.distribute import distribute_coordinator_context as _coordinator_context
+from tensorflow.python.distribute import multi_worker_util as _multi_worker_util
 from tensorflow.python.saved_model.model_utils import export_output as _export_output
 from tensorflow.python.saved_model.model_utils import export_utils as _export_utils
+from tensorflow.python.training import basic_session_run_hooks as _basic_hooks
 from tensorflow.python.training import training_util as _training_util
 
 ExportOutput = _export_output.ExportOutput
@@ -57,3 +62,36 @@ def add_train_op(builder: Any, train_op: Any) -> None:
     """Record a TRAIN/EVAL export's train_op in the SavedModel (the builder keeps it in a collection; no-op
     for None). SavedModelBuilder has no public way to do this; tf.estimator uses the same method."""
     builder._add_train_op(train_op)
+
+
+# The distribute coordinator (tensorflow/python/distribute/distribute_coordinator.py, unchanged from TF 2.15 to
+# 2.21): runs a function per task of a TF_CONFIG cluster under a worker context that MonitoredTrainingSession reads.
+STANDALONE_CLIENT: str = _coordinator.CoordinatorMode.STANDALONE_CLIENT
+INDEPENDENT_WORKER: str = _coordinator.CoordinatorMode.INDEPENDENT_WORKER
+run_distribute_coordinator = _coordinator.run_distribute_coordinator
+current_worker_context = _coordinator_context.get_current_worker_context
+normalize_cluster_spec = _multi_worker_util.normalize_cluster_spec
+GLOBAL_STEP_READ_KEY: str = _training_util.GLOBAL_STEP_READ_KEY
+
+
+def scale_loss_for_estimator(strategy: Any) -> Any:
+    """The context in which a V1 optimizer under `strategy` scales the loss by 1/replicas, as tf.estimator
+    asks of it (no-op for a strategy without it)."""
+    enabled = getattr(strategy, "_scale_loss_for_estimator_enabled", None)
+    return enabled() if enabled is not None else contextlib.nullcontext()
+
+
+def loss_is_scaled_by_optimizer(graph: tf.Graph) -> bool:
+    """Whether a V1 optimizer in `graph` scaled the loss by 1/replicas (then the reported loss is reduced by
+    the strategy's loss reduction, not summed)."""
+    return bool(getattr(graph, "_is_loss_scaled_by_optimizer", False))
+
+
+def create_steps_per_run_variable() -> Any:
+    """The host-side steps_per_run variable (local) tf.estimator creates before evaluating under a strategy."""
+    return _basic_hooks.get_or_create_steps_per_run_variable()
+
+
+def scaffold_init_fn(scaffold: Any) -> Any:
+    """The init_fn a Scaffold was given (None if none); Scaffold keeps it only in a private attribute."""
+    return scaffold._user_init_fn

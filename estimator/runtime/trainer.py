@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import tensorflow as tf
 
-from estimator.runtime import tf_internal
+from estimator.runtime import distributed, tf_internal
 from estimator.runtime.cluster import TaskType
 from estimator.runtime.mode_keys import ModeKeys
 from estimator.runtime.spec import EstimatorSpec
@@ -41,8 +41,8 @@ def global_step_in(model_dir: str) -> int:
 def train_model(estimator: "Estimator", input_fn: Callable[..., Any], hooks: list[Any],
                 saving_listeners: list[Any]) -> Any:
     """Build the TRAIN graph and run it until a hook stops it or the input ends; returns the last loss."""
-    if estimator.config.train_distribute is not None:
-        raise NotImplementedError("RunConfig(train_distribute=...) is not supported by the estimator runtime yet.")
+    if estimator._train_distribution is not None:
+        return distributed.train_model(estimator, input_fn, hooks, saving_listeners)
     with tf.Graph().as_default() as graph, graph.device(estimator._device_fn):
         tf.compat.v1.random.set_random_seed(estimator.config.tf_random_seed)
         if estimator._create_and_assert_global_step(graph) is not None:
@@ -69,6 +69,8 @@ def run_training(estimator: "Estimator", spec: EstimatorSpec, hooks: list[Any], 
             {"loss": spec.loss, "step": global_step}, every_n_iter=config.log_step_count_steps))
     worker_hooks.extend(spec.training_hooks)
     _add_default_saver(spec.scaffold, config)
+    if distributed.runs_collective_session(estimator):  # MultiWorkerMirroredStrategy in a cluster
+        return distributed.run_collective_training(estimator, spec, worker_hooks, saving_listeners)
     chief_hooks = _checkpoint_hooks(estimator, spec, worker_hooks, saving_listeners)
     save_summary_steps, log_step_count_steps = _summary_hooks_on_worker_0(config, spec, worker_hooks)
     with tf.compat.v1.train.MonitoredTrainingSession(

@@ -42,6 +42,7 @@ from typing import Any, Callable, Iterable
 
 import tensorflow as tf
 
+from estimator.runtime import distributed
 from estimator.runtime.cluster import TaskType
 from estimator.runtime.estimator import Estimator
 from estimator.runtime.exporter import Exporter
@@ -161,9 +162,10 @@ def train_and_evaluate(estimator: Estimator, train_spec: TrainSpec,
     _assert_eval_spec(eval_spec)  # fail fast
     executor = _TrainingExecutor(estimator, train_spec, eval_spec)  # checks the estimator and train_spec
     config = estimator.config
-    if config.train_distribute is not None or config.eval_distribute is not None:
-        raise NotImplementedError("train_and_evaluate with RunConfig(train_distribute=/eval_distribute=...) is not "
-                                  "supported by cerebras-tf's Estimator runtime yet.")
+    if distributed.should_run_distribute_coordinator(config):  # a strategy and a cluster
+        _log.info("Running `train_and_evaluate` with Distribute Coordinator.")
+        distributed.train_and_evaluate(estimator, train_spec, eval_spec, _TrainingExecutor)
+        return None
     if config.task_type == TaskType.EVALUATOR and config.task_id > 0:
         raise ValueError("For distributed training, there can only be one `evaluator` task (with task id 0).  "
                          f"Given task id {config.task_id}")
