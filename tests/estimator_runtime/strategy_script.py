@@ -10,7 +10,8 @@ test can run the same scenario on both and compare. Scenarios:
 - local: RunConfig(train_distribute/eval_distribute) runs without a cluster, each {"name", "strategy",
   "eval_strategy", "batch", "train_and_evaluate"} of "runs" in model_dir/<name>: train to "steps" (with
   train_and_evaluate when asked), evaluate the whole input.
-- worker: one task of a TF_CONFIG cluster ("tf_config") in train_and_evaluate with "strategy".
+- worker: one task of a TF_CONFIG cluster ("tf_config") in train_and_evaluate with "strategy" (and
+  "eval_strategy"); an evaluator evaluates every checkpoint until the last.
 - read: evaluate model_dir (whatever wrote it) and list its checkpoint.
 - refusals: what RunConfig/Estimator say to the strategy settings tf.estimator refuses (and accepts).
 
@@ -133,16 +134,19 @@ def local(args: dict) -> dict:
 
 def worker(args: dict) -> dict:
     os.environ["TF_CONFIG"] = json.dumps(args["tf_config"])
+    if args.get("disable_eager_execution"):  # TF's advice for an evaluator task with MultiWorkerMirroredStrategy
+        tf.compat.v1.disable_eager_execution()
     api = _api(args["api"])
     strategy = _strategy(args["strategy"])
-    config = api.RunConfig(train_distribute=strategy, session_config=_session_config(),
+    config = api.RunConfig(train_distribute=strategy, eval_distribute=_strategy(args.get("eval_strategy")),
+                           session_config=_session_config(),
                            save_checkpoints_steps=args["steps"], log_step_count_steps=1000)
     estimator = api.Estimator(make_model_fn(api), model_dir=args["model_dir"], config=config,
                               params={"batch": args["batch"]})
     properties = {name: getattr(config, name) for name in ("task_type", "task_id", "is_chief", "master",
                                                          "num_worker_replicas", "global_id_in_cluster")}
     result = api.train_and_evaluate(estimator, api.TrainSpec(input_fn, max_steps=args["steps"]),
-                                    api.EvalSpec(eval_input_fn))
+                                    api.EvalSpec(eval_input_fn, steps=None, start_delay_secs=0, throttle_secs=1))
     return {"config": properties, "returned": result, **_checkpoint(args["model_dir"])}
 
 
