@@ -297,7 +297,7 @@ def run_collective_training(estimator: "Estimator", spec: EstimatorSpec, worker_
     checkpoints and writes summaries to model_dir (MonitoredTrainingSession reads it). Returns the last loss."""
     if saving_listeners:
         raise ValueError("Saving listenor is not supported by the current Distribution Strategies.")
-    config = estimator.config
+    config = estimator._config  # not a deep copy: a MultiWorkerMirroredStrategy may refuse to be copied
     with tf.compat.v1.train.MonitoredTrainingSession(
             master=config.master,
             is_chief=config.is_chief,
