@@ -28,6 +28,11 @@ steps are asynchronous: each trainer stops once it sees max_steps, so the
 final global step may pass it by up to the number of trainers - 1. In a
 `master` cluster with workers, worker 0 writes the summaries (trainer.py).
 
+With a train_distribute strategy and a cluster without a `master`, the
+distribute coordinator runs the task instead (distributed.train_and_evaluate:
+MultiWorkerMirroredStrategy, the V1 ParameterServerStrategy), as tf.estimator
+does.
+
 estimator.api.called_from_train_and_evaluate recognises this module's frames
 by their names (train_and_evaluate, run_local, run_chief, run_worker,
 run_evaluator, _start_distributed_training): keep them.
