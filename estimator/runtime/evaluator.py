@@ -12,7 +12,7 @@ writes them, so TensorBoard shows evaluation beside training.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -33,31 +33,56 @@ def evaluate_model(estimator: "Estimator", input_fn: Callable[..., Any], hooks: 
     """Build the EVAL graph, run it from `checkpoint_path` and write the results to `output_dir`."""
     if estimator.config.eval_distribute is not None:
         raise NotImplementedError("RunConfig(eval_distribute=...) is not supported by the estimator runtime yet.")
-    with tf.Graph().as_default() as graph:
-        tf.compat.v1.random.set_random_seed(estimator.config.tf_random_seed)
-        estimator._create_and_assert_global_step(graph)
-        features, labels, input_hooks = estimator._get_features_and_labels_from_input_fn(input_fn, ModeKeys.EVAL)
-        spec = estimator._call_model_fn(features, labels, ModeKeys.EVAL, estimator.config)
-        update_op, metrics = _metric_ops(spec.eval_metric_ops, spec.loss)
-        global_step = tf.compat.v1.train.get_global_step(graph)
-        if not checkpoint_path:
-            maybe_warm_start(estimator._warm_start_settings)
-        if GLOBAL_STEP_KEY in metrics:
-            raise ValueError("Metric with name `global_step` is not allowed, because Estimator already defines a "
-                             "default metric with the same name.")
-        metrics[GLOBAL_STEP_KEY] = global_step
-        scaffold = spec.scaffold
-        if scaffold.local_init_op is not None:
-            eval_step_counter()  # the model's own local_init_op must not leave the eval step uninitialized
-            scaffold = tf.compat.v1.train.Scaffold(
-                local_init_op=tf.group(scaffold.local_init_op, tf.compat.v1.train.Scaffold.default_local_init_op()),
-                copy_from_scaffold=scaffold)
-        results = _run(estimator, scaffold, update_op, metrics, [*input_hooks, *hooks, *spec.evaluation_hooks],
-                       checkpoint_path)
-        step = int(results[GLOBAL_STEP_KEY])
-        write_dict_to_summary(output_dir, results, step)  # in the graph: v1 summary writers refuse eager mode
-        if checkpoint_path:
-            _write_checkpoint_path(output_dir, checkpoint_path, step)
+    with tf.Graph().as_default():
+        graph = build_eval_graph(estimator, input_fn, hooks, checkpoint_path)
+        return run_eval(estimator, graph, checkpoint_path, output_dir)
+
+
+class EvalGraph(NamedTuple):
+    """The EVAL graph's parts run_eval needs: built once, runnable more than once (InMemoryEvaluatorHook)."""
+
+    scaffold: Any
+    update_op: Any  # every metric's update
+    metrics: dict[str, Any]  # name -> value tensor, `loss` and `global_step` included
+    hooks: list[Any]  # the input's, the caller's and the spec's evaluation hooks
+
+
+def build_eval_graph(estimator: Any, input_fn: Callable[..., Any], hooks: list[Any],
+                     checkpoint_path: str | None) -> EvalGraph:
+    """Build the EVAL graph in the current graph: input, model_fn, the metrics (`loss` and `global_step`
+    added) and, without a checkpoint to restore, the warm start.
+
+    Uses only the Estimator members tf.estimator's Estimator has too, so tf.estimator's estimators (canned
+    ones on TF 2.15) can be evaluated this way (InMemoryEvaluatorHook)."""
+    graph = tf.compat.v1.get_default_graph()
+    tf.compat.v1.random.set_random_seed(estimator.config.tf_random_seed)
+    estimator._create_and_assert_global_step(graph)
+    features, labels, input_hooks = estimator._get_features_and_labels_from_input_fn(input_fn, ModeKeys.EVAL)
+    spec = estimator._call_model_fn(features, labels, ModeKeys.EVAL, estimator.config)
+    update_op, metrics = _metric_ops(spec.eval_metric_ops, spec.loss)
+    global_step = tf.compat.v1.train.get_global_step(graph)
+    if not checkpoint_path:
+        maybe_warm_start(getattr(estimator, "_warm_start_settings", None))
+    if GLOBAL_STEP_KEY in metrics:
+        raise ValueError("Metric with name `global_step` is not allowed, because Estimator already defines a "
+                         "default metric with the same name.")
+    metrics[GLOBAL_STEP_KEY] = global_step
+    scaffold = spec.scaffold
+    if scaffold.local_init_op is not None:
+        eval_step_counter()  # the model's own local_init_op must not leave the eval step uninitialized
+        scaffold = tf.compat.v1.train.Scaffold(
+            local_init_op=tf.group(scaffold.local_init_op, tf.compat.v1.train.Scaffold.default_local_init_op()),
+            copy_from_scaffold=scaffold)
+    return EvalGraph(scaffold, update_op, metrics, [*input_hooks, *hooks, *spec.evaluation_hooks])
+
+
+def run_eval(estimator: Any, graph: EvalGraph, checkpoint_path: str | None, output_dir: str) -> dict[str, Any]:
+    """Run a built EVAL graph (in the current graph) from `checkpoint_path`; write and return the results."""
+    results = _run(estimator, graph.scaffold, graph.update_op, graph.metrics, graph.hooks, checkpoint_path)
+    step = int(results[GLOBAL_STEP_KEY])
+    write_dict_to_summary(output_dir, results, step)  # in the graph: v1 summary writers refuse eager mode
+    if checkpoint_path:
+        _write_checkpoint_path(output_dir, checkpoint_path, step)
     return results
 
 
@@ -72,7 +97,7 @@ def _metric_ops(eval_metric_ops: dict[str, Any], loss: Any) -> tuple[Any, dict[s
     return update_op, {name: metric_ops[name][0] for name in names}
 
 
-def _run(estimator: "Estimator", scaffold: Any, update_op: Any, metrics: dict[str, Any], hooks: list[Any],
+def _run(estimator: Any, scaffold: Any, update_op: Any, metrics: dict[str, Any], hooks: list[Any],
          checkpoint_path: str | None) -> dict[str, Any]:
     """Run the metric updates batch by batch, then read the metric values once."""
     eval_step = eval_step_counter()
