@@ -27,6 +27,19 @@ from estimator.runtime.warm_start import warm_start_settings
 _log = tf.compat.v1.logging
 
 
+class _RemovedAttribute:
+    """An attribute whose reading on an instance raises AttributeError with `message` (a removed, renamed
+    method); on the class it is this object, as TF's hidden API attributes are."""
+
+    def __init__(self, message: str) -> None:
+        self._message = message
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self
+        raise AttributeError(self._message)
+
+
 class Estimator:
     """Trains, evaluates and predicts with a model_fn (tf.estimator.Estimator's contract).
 
@@ -196,6 +209,11 @@ class Estimator:
         return saved_model.export_all_saved_models(self, export_dir_base, receiver_fn_map, assets_extra, as_text,
                                                    checkpoint_path)
 
+    # tf.estimator.Estimator (TF 2) has no export_savedmodel: reading it says what to use instead. The
+    # tf.compat.v1 Estimator (EstimatorV1 below) still has it.
+    export_savedmodel = _RemovedAttribute(
+        "`Estimator.export_savedmodel` has been deprecated. Please use `export_saved_model` instead.")
+
     def experimental_export_all_saved_models(self, export_dir_base: Any,
                                              input_receiver_fn_map: dict[str, Callable[[], Any]],
                                              assets_extra: dict[str, str] | None = None, as_text: bool = False,
@@ -240,6 +258,24 @@ class Estimator:
     def _call_model_fn(self, features: Any, labels: Any, mode: str, config: RunConfig) -> EstimatorSpec:
         """model_fn called with the labels/mode/params/config it names; returns its EstimatorSpec."""
         return calls.call_model_fn(self._model_fn, features, labels, mode, self.params, config)
+
+
+class EstimatorV1(Estimator):
+    """tf.compat.v1.estimator.Estimator: the Estimator with TF 1's deprecated export_savedmodel as well."""
+
+    def export_savedmodel(self, export_dir_base: Any, serving_input_receiver_fn: Callable[[], Any] | None,
+                          assets_extra: dict[str, str] | None = None, as_text: bool = False,
+                          checkpoint_path: str | None = None, strip_default_attrs: bool = False) -> bytes:
+        """export_saved_model under its TF 1 name (deprecated), which by default keeps attributes that have
+        their default value in the graph (strip_default_attrs=False); export_saved_model strips them."""
+        _log.warning("export_savedmodel (from estimator.runtime.estimator) is deprecated and will be removed in a "
+                     "future version.\nInstructions for updating:\nThis function has been renamed, use "
+                     "`export_saved_model` instead.")
+        if not serving_input_receiver_fn:
+            raise ValueError("An input_receiver_fn must be defined.")
+        return saved_model.export_all_saved_models(self, export_dir_base, {ModeKeys.PREDICT: serving_input_receiver_fn},
+                                                   assets_extra, as_text, checkpoint_path,
+                                                   strip_default_attrs=strip_default_attrs)
 
 
 def _config_with_model_dir(config: RunConfig | None, model_dir: Any) -> RunConfig:
