@@ -96,6 +96,7 @@ class RunConfig:
             save_checkpoints_steps = None
         elif save_checkpoints_steps is not None and save_checkpoints_secs is not None:
             raise ValueError(_BOTH_SAVE_SETTINGS)
+        _verify_strategy_compatibility(train_distribute, eval_distribute)
         tf_config = cluster.read_tf_config()
         self._set(
             model_dir=cluster.model_dir_from(tf_config, path_to_str(model_dir)),
@@ -270,6 +271,15 @@ class RunConfig:
     @property
     def checkpoint_save_graph_def(self) -> bool:
         return self._checkpoint_save_graph_def
+
+
+def _verify_strategy_compatibility(train_distribute: Any, eval_distribute: Any) -> None:
+    """Refuse TF 2's ParameterServerStrategy (itself, not a subclass), which Estimators cannot run, as
+    tf.estimator.RunConfig refuses it; its tf.compat.v1 counterpart is the one for Estimators."""
+    v2_strategy = getattr(tf.distribute.experimental, "ParameterServerStrategy", None)
+    if v2_strategy is not None and v2_strategy in (type(train_distribute), type(eval_distribute)):
+        raise ValueError("Please use `tf.compat.v1.distribute.experimental.ParameterServerStrategy` for parameter "
+                         "server strategy with estimator.")
 
 
 def _validate(config: RunConfig) -> None:
