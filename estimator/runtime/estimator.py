@@ -6,7 +6,10 @@ log lines. The protected members tf.estimator's subclasses use
 (`_call_input_fn`, `_call_model_fn`, `_create_and_assert_global_step`,
 `_device_fn`, `_model_fn`, `_warm_start_settings`, ...) exist with the same
 meaning, so code built on them (estimator.capture, CerebrasEstimator) runs
-on either runtime. Unlike tf.estimator, subclasses may override any member.
+on either runtime. As tf.estimator's, a subclass may add members but not
+redefine the Estimator's (a few are allowed); a subclass that must
+(CerebrasEstimator, through estimator.EstimatorBase) redefines
+`_assert_members_are_not_overridden` to lift the guard.
 """
 from __future__ import annotations
 
@@ -72,7 +75,8 @@ class Estimator:
         self._warm_start_settings = warm_start_settings(warm_start_from)
 
     def _assert_members_are_not_overridden(self) -> None:
-        """tf.estimator refuses subclasses that override its members; this runtime allows them (a no-op)."""
+        """Refuse a subclass (the instance's own class) that redefines Estimator's members, as tf.estimator does."""
+        _assert_members_are_not_overridden(Estimator, self)
 
     @property
     def model_dir(self) -> str:
@@ -260,8 +264,31 @@ class Estimator:
         return calls.call_model_fn(self._model_fn, features, labels, mode, self.params, config)
 
 
+# Members a subclass may redefine (tf.estimator's list: its API-export bookkeeping and a few extension points).
+_ALLOWED_OVERRIDES = frozenset({
+    "model_fn", "_create_and_assert_global_step", "_export_all_saved_models", "_tf_api_names", "_tf_api_names_v1",
+    "_estimator_api_names", "_estimator_api_names_v1", "_estimator_api_constants", "_estimator_api_constants_v1",
+    "latest_checkpoint"})
+
+
+def _assert_members_are_not_overridden(cls: type, obj: Any) -> None:
+    """ValueError when obj's class itself redefines a member of `cls` outside _ALLOWED_OVERRIDES (TPUEstimator,
+    by name, is exempt, as in tf.estimator)."""
+    if type(obj).__name__ == "TPUEstimator":
+        return
+    estimator_members = {name for name in dir(cls) if not name.startswith("__")}
+    common = (estimator_members & set(type(obj).__dict__)) - _ALLOWED_OVERRIDES
+    overridden = sorted(name for name in common if getattr(cls, name) != getattr(type(obj), name))
+    if overridden:
+        raise ValueError(f"Subclasses of Estimator cannot override members of Estimator. {type(obj)} does override "
+                         f"{overridden}")
+
+
 class EstimatorV1(Estimator):
     """tf.compat.v1.estimator.Estimator: the Estimator with TF 1's deprecated export_savedmodel as well."""
+
+    def _assert_members_are_not_overridden(self) -> None:
+        _assert_members_are_not_overridden(EstimatorV1, self)
 
     def export_savedmodel(self, export_dir_base: Any, serving_input_receiver_fn: Callable[[], Any] | None,
                           assets_extra: dict[str, str] | None = None, as_text: bool = False,
