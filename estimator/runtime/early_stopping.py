@@ -17,17 +17,10 @@ from typing import Any, Callable, Iterator
 
 import tensorflow as tf
 
-from estimator.runtime.estimator import Estimator
+from estimator.runtime.estimator import is_estimator
 
 _EVENT_FILE_GLOB_PATTERN = "events.out.tfevents.*"
 _MULTI_WORKER_STRATEGIES = ("CollectiveAllReduceStrategy", "MultiWorkerMirroredStrategy")
-
-
-def _is_estimator(estimator: Any) -> bool:
-    """Ours, or tf.estimator's (TF 2.15), recognised by class name so tensorflow_estimator is never imported."""
-    return isinstance(estimator, Estimator) or any(
-        cls.__name__ == "Estimator" and cls.__module__.startswith("tensorflow_estimator.")
-        for cls in type(estimator).__mro__)
 
 
 def make_early_stopping_hook(estimator: Any, should_stop_fn: Callable[[], bool], run_every_secs: float | None = 60,
@@ -39,7 +32,7 @@ def make_early_stopping_hook(estimator: Any, should_stop_fn: Callable[[], bool],
     train_distribute strategy, every replica calls it (steps only) and the
     votes are summed.
     """
-    if not _is_estimator(estimator):
+    if not is_estimator(estimator):
         raise TypeError(f"`estimator` must have type `tf.estimator.Estimator`. Got: {type(estimator)}")
     if run_every_secs is not None and run_every_steps is not None:
         raise ValueError("Only one of `run_every_secs` and `run_every_steps` must be set.")

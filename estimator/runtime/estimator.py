@@ -284,6 +284,15 @@ def _assert_members_are_not_overridden(cls: type, obj: Any) -> None:
                          f"{overridden}")
 
 
+def is_estimator(value: Any) -> bool:
+    """An Estimator: the runtime's, or tf.estimator's (TF <= 2.15; its canned estimators too), which the
+    runtime's train_and_evaluate and hooks accept as tf.estimator's do (recognised by class, without importing
+    tensorflow_estimator)."""
+    return isinstance(value, Estimator) or any(
+        cls.__name__ == "Estimator" and cls.__module__ == "tensorflow_estimator.python.estimator.estimator"
+        for cls in type(value).__mro__)
+
+
 class EstimatorV1(Estimator):
     """tf.compat.v1.estimator.Estimator: the Estimator with TF 1's deprecated export_savedmodel as well."""
 
