@@ -67,7 +67,7 @@ def run_training(estimator: "Estimator", spec: EstimatorSpec, hooks: list[Any], 
     worker_hooks.extend(spec.training_hooks)
     _add_default_saver(spec.scaffold, config)
     chief_hooks = _checkpoint_hooks(estimator, spec, worker_hooks, saving_listeners)
-    with tf.compat.v1.train.MonitoredTrainingSession(
+    with tf_internal.monitored_training_session(
             master=config.master,
             is_chief=config.is_chief,
             checkpoint_dir=estimator.model_dir,
