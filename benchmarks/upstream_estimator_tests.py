@@ -7,7 +7,8 @@
 DIR is a checkout of github.com/tensorflow/estimator at tag v2.15.0 (nothing is fetched at run time), e.g.
 `git --git-dir=<bare clone> archive v2.15.0 | tar -x -C /tmp/tf-estimator-2.15`. Its test files are run in
 place, never copied: each file in a subprocess of its own (benchmarks/upstream_runner.py) with this Python,
-which must be the TF 2.15 stack with tensorflow-estimator 2.15 installed (Python 3.11, .venv-3.11), twice:
+which must be the TF 2.15 stack with tensorflow-estimator 2.15 installed (Python 3.11, .venv-3.11), twice
+(estimator_test with TF 2 behaviour disabled, as upstream's BUILD runs it):
 
   tf.estimator  as-is: the baseline, upstream's tests against upstream's code;
   runtime       with cerebras-tf's runtime put in place of tf.estimator's public objects.
@@ -38,8 +39,10 @@ How the runtime takes tf.estimator's place (upstream_runner.substitute and _Modu
 
 The table shows, per file, the tests that pass on tf.estimator and, of those, the ones that pass on the
 runtime; then the tests that pass on tf.estimator but fail on the runtime, grouped by their error, each
-labelled: canned (built an upstream canned estimator), distribution/ps (a distribute strategy or parameter
-servers), private (used upstream internals, or a private member of the runtime's objects), or other.
+labelled, first match first: canned (built an upstream canned estimator), distribution/ps (made or read a
+runtime RunConfig with parameter servers from TF_CONFIG or a distribute strategy, or the test's name or its
+error names distribution), private (read a private name of an upstream module, upstream's object or the
+runtime's of the same name, or a private member the runtime's objects lack), or other.
 
 Each test runs with a per-test time limit (--test-timeout); a test that hangs or crashes its process is
 recorded as such and the file resumes after it in a new process. Results go to --results (JSONL per file and
@@ -78,9 +81,12 @@ EXTRA_TEST_FILES = {
     "extenders_test": "tensorflow_estimator/python/estimator/extenders_test.py",
 }
 ALL_TEST_FILES = {**TEST_FILES, **EXTRA_TEST_FILES}
+# Files upstream runs with TF 2 behaviour disabled (tensorflow_estimator/python/estimator/BUILD: estimator_test
+# has "an internal build dep disabling tf2 behavior"; 33 of its tests are v1-only): so does this harness.
+V1_BEHAVIOUR = {"estimator_test"}
 MODES = ("tf.estimator", "runtime")
 PASSED = ("pass", "xfail")
-_DISTRIBUTION = re.compile(r"distribut|strateg|parameter ?server|\bps\b|`ps`|mirrored|collective", re.I)
+_DISTRIBUTION = re.compile(r"distribut|strateg|parameter ?server|\bps\b|`ps`|run_?ps|mirrored|collective", re.I)
 
 
 def _child_env(tmp: str) -> dict[str, str]:
@@ -116,7 +122,8 @@ def _read(path: str) -> tuple[dict[str, dict[str, Any]], str | None, bool, dict[
     return results, running, done, substitution
 
 
-def run_file(python: str, path: str, mode: str, out: str, test_timeout: float, verbose: bool) -> None:
+def run_file(python: str, path: str, mode: str, out: str, test_timeout: float, verbose: bool,
+             v1_behaviour: bool = False) -> None:
     """Run one test file in one mode to the end, restarting after a test that hangs or kills the process."""
     while True:
         results, _, done, _ = _read(out)
@@ -124,7 +131,7 @@ def run_file(python: str, path: str, mode: str, out: str, test_timeout: float, v
             return
         tmp = tempfile.mkdtemp(prefix="upstream-estimator-")
         command = [python, "-m", "benchmarks.upstream_runner", "--file", path, "--mode", mode, "--out", out,
-                   "--skip", *results]
+                   *(["--disable-v2-behavior"] if v1_behaviour else []), "--skip", *results]
         log = open(out + ".log", "a")  # noqa: SIM115 - the child's stderr, kept for reading failures
         process = subprocess.Popen(command, cwd=ROOT, env=_child_env(tmp), stdout=log, stderr=log,
                                    start_new_session=True)
@@ -171,9 +178,10 @@ def _label(record: dict[str, Any], test_id: str) -> str:
     if record.get("upstream_estimator"):
         return "canned"
     text = f"{test_id} {record.get('message') or ''}"
-    if _DISTRIBUTION.search(text):
+    if record.get("distributed_config") or _DISTRIBUTION.search(text):
         return "distribution/ps"
-    if record.get("upstream_privates") or re.search(r"has no attribute '_|object has no attribute \"_", text):
+    if (record.get("upstream_privates") or record.get("runtime_privates")
+            or re.search(r"has no attribute '_|object has no attribute \"_", text)):
         return "private"
     return "other"
 
@@ -256,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
                         "results to compare with)")
     parser.add_argument("--python", default=sys.executable, help="the TF 2.15 + tensorflow-estimator Python")
     parser.add_argument("--jobs", type=int, default=1, help="test files run at once (default 1)")
-    parser.add_argument("--test-timeout", type=float, default=120.0, help="seconds one test may take")
+    parser.add_argument("--test-timeout", type=float, default=90.0, help="seconds one test may take")
     parser.add_argument("--json", help="also write the summaries to this file")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
@@ -293,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         name, mode, out = job
         t0 = time.time()
         run_file(args.python, os.path.join(args.upstream, ALL_TEST_FILES[name]), mode, out, args.test_timeout,
-                 args.verbose)
+                 args.verbose, v1_behaviour=name in V1_BEHAVIOUR)
         if args.verbose:
             print(f"  {name} [{mode}] done in {time.time() - t0:.0f} s", file=sys.stderr)
 

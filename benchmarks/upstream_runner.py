@@ -1,7 +1,7 @@
 """The child process of benchmarks/upstream_estimator_tests.py: runs one upstream test file, test by test.
 
     python -m benchmarks.upstream_runner --file PATH --mode {tf.estimator,runtime} --out RESULTS.jsonl
-                                         [--skip TEST_ID ...]
+                                         [--disable-v2-behavior] [--skip TEST_ID ...]
 
 It imports tensorflow/estimator's test file PATH in place (by its path, under a private module name, so its
 `if __name__ == "__main__": tf.test.main()` does not run), collects its unittest tests, runs them one at a time
@@ -44,6 +44,9 @@ API_NAMESPACES = {
 V1_NAMESPACE = "estimator.runtime.v1"
 
 _upstream_estimator_built = False
+# Per test (runtime mode): whether a RunConfig of the runtime had parameter servers in its cluster or a
+# distribute strategy (such a test is about distributed training).
+_distributed_config = False
 
 
 def _unwrap(module: Any) -> Any:
@@ -112,6 +115,9 @@ EXCLUDED_PACKAGES = ("tensorflow_estimator.python.estimator.canned", "tensorflow
 # Per test: the upstream private names the test file read through a _ModuleView that the runtime has no
 # counterpart for (so upstream's own object was used).
 upstream_privates_used: set[str] = set()
+# Per test: the private names it read through a _ModuleView that the runtime's counterpart module has (so the
+# test used the runtime's own internals, e.g. training._TrainingExecutor).
+runtime_privates_used: set[str] = set()
 # Per test: the other (non-private, non-API) upstream names it read that way (constants, helper types).
 upstream_names_used: set[str] = set()
 # id() of every object substitute() put in upstream's modules.
@@ -228,6 +234,8 @@ class _ModuleView(types.ModuleType):
         if id(upstream.__dict__.get(name)) in substituted_ids:
             return upstream
         if hasattr(counterpart, name):
+            if note and name.startswith("_"):
+                runtime_privates_used.add(f"{upstream.__name__.rsplit('.', 1)[-1]}.{name}")
             return counterpart
         if note and hasattr(upstream, name) and not isinstance(getattr(upstream, name), types.ModuleType):
             used = upstream_privates_used if name.startswith("_") else upstream_names_used
@@ -313,6 +321,42 @@ def _watch_upstream_estimator() -> None:
     cls.__init__ = init
 
 
+def _watch_runtime_run_config() -> None:
+    """Note when a test makes or uses a runtime RunConfig with parameter servers (TF_CONFIG) or a distribute
+    strategy (tests often make their configs before they run, in the TestCase's constructor: such a config is
+    marked, and a test reading any of its settings is noted)."""
+    from estimator.runtime.run_config import RunConfig
+
+    original_init_cluster, original_set = RunConfig._init_cluster, RunConfig._set
+    mark = "_harness_distributed"
+
+    def note(config: Any) -> None:
+        global _distributed_config
+        _distributed_config = True
+        object.__setattr__(config, mark, True)
+
+    def init_cluster(self: Any, settings: Any) -> None:
+        original_init_cluster(self, settings)
+        if settings.num_ps_replicas:
+            note(self)
+
+    def set_(self: Any, **kwargs: Any) -> Any:
+        if any(kwargs.get(name) is not None for name in ("train_distribute", "eval_distribute",
+                                                         "experimental_distribute")):
+            note(self)
+        return original_set(self, **kwargs)
+
+    def getattribute(self: Any, name: str) -> Any:
+        global _distributed_config
+        if not name.startswith("__") and object.__getattribute__(self, "__dict__").get(mark):
+            _distributed_config = True
+        return object.__getattribute__(self, name)
+
+    RunConfig._init_cluster = init_cluster  # type: ignore[method-assign]
+    RunConfig._set = set_  # type: ignore[method-assign]
+    RunConfig.__getattribute__ = getattribute  # type: ignore[method-assign]
+
+
 def _iter_tests(suite: Any) -> Any:
     for item in suite:
         if isinstance(item, unittest.TestSuite):
@@ -366,7 +410,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("tf.estimator", "runtime"), required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--skip", nargs="*", default=[])
+    parser.add_argument("--disable-v2-behavior", action="store_true",
+                        help="tf.compat.v1.disable_v2_behavior() first, as upstream's BUILD does for some files")
     args = parser.parse_args(argv)
+    if args.disable_v2_behavior:
+        import tensorflow as tf
+
+        tf.compat.v1.disable_v2_behavior()
 
     from absl import flags
 
@@ -381,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     _watch_upstream_estimator()
     if args.mode == "runtime":
         emit({"substitution": substitute()})
+        _watch_runtime_run_config()
     name = "upstream_" + os.path.splitext(os.path.basename(args.file))[0]
     spec = importlib.util.spec_from_file_location(name, args.file)
     assert spec is not None and spec.loader is not None
@@ -391,21 +442,24 @@ def main(argv: list[str] | None = None) -> int:
         _install_views(module)
     tests = list(_iter_tests(unittest.defaultTestLoader.loadTestsFromModule(module)))
     skip = set(args.skip)
-    global _upstream_estimator_built
+    global _upstream_estimator_built, _distributed_config
     for test in tests:
         test_id = test.id().split(".", 1)[1]
         if test_id in skip:
             continue
         emit({"start": test_id})
-        _upstream_estimator_built = False
+        _upstream_estimator_built = _distributed_config = False
         upstream_privates_used.clear()
+        runtime_privates_used.clear()
         upstream_names_used.clear()
         result = _Result()
         started = time.time()
         test.run(result)
         emit({"id": test_id, "outcome": result.outcome, "error": result.error, "message": result.message,
               "traceback": getattr(result, "traceback", None), "seconds": round(time.time() - started, 2),
-              "upstream_estimator": _upstream_estimator_built, "upstream_privates": sorted(upstream_privates_used),
+              "upstream_estimator": _upstream_estimator_built,
+              "distributed_config": _distributed_config, "upstream_privates": sorted(upstream_privates_used),
+              "runtime_privates": sorted(runtime_privates_used),
               "upstream_names": sorted(upstream_names_used)})
     emit({"done": True})
     out.close()
