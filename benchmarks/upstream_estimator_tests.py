@@ -30,12 +30,14 @@ How the runtime takes tf.estimator's place (upstream_runner.substitute and _Modu
      accept tf.estimator's estimators). TF's own objects that tf.estimator re-exports (the session hooks,
      ExportOutput classes) are the same objects in both.
   2. After the import, the test file's references to upstream modules with a runtime counterpart
-     (training -> estimator.runtime.training, run_config -> run_config, estimator -> estimator, ...) become
-     views: a private name such as `training._TrainingExecutor` is the runtime module's object of the same
-     name when it has one (so a test of train_and_evaluate's executor tests ours, and mock.patch.object on
-     it patches ours); otherwise upstream's own private object is used and the test's record says so
-     ("upstream privates": e.g. estimator._load_global_step_from_checkpoint_dir, used by tests to read
-     a checkpoint's step).
+     (training -> estimator.runtime.training, run_config -> run_config, estimator -> estimator,
+     export.export -> receivers, hooks.hooks -> training_hooks, ...; upstream_runner.COUNTERPARTS) become
+     views. A name step 1 did not replace is the counterpart's object of the same name when it has one:
+     `export.SupervisedInputReceiver`, or a private one such as `training._TrainingExecutor` (the runtime
+     mirrors upstream's internal names, so a test of train_and_evaluate's executor tests ours, and
+     mock.patch.object on the view patches ours). Otherwise it is upstream's own object, and the test's
+     record says so: "upstream privates" (e.g. estimator._load_global_step_from_checkpoint_dir, with which
+     tests read a checkpoint's step) and other upstream names (constants such as run_config.TaskType).
 
 The table shows, per file, the tests that pass on tf.estimator and, of those, the ones that pass on the
 runtime; then the tests that pass on tf.estimator but fail on the runtime, grouped by their error, each
@@ -46,7 +48,9 @@ runtime's of the same name, or a private member the runtime's objects lack), or 
 
 Each test runs with a per-test time limit (--test-timeout); a test that hangs or crashes its process is
 recorded as such and the file resumes after it in a new process. Results go to --results (JSONL per file and
-mode; default a temporary directory); --reuse-baseline reuses complete baseline results found there.
+mode; default a temporary directory); --reuse-baseline reuses complete baseline results found there, and
+--only-runtime runs only the runtime side against them. --tests also takes early_stopping_test and
+extenders_test (upstream's tests of API the runtime added for issue 25; not in the issue's suite).
 """
 from __future__ import annotations
 

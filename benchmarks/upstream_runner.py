@@ -6,14 +6,17 @@
 It imports tensorflow/estimator's test file PATH in place (by its path, under a private module name, so its
 `if __name__ == "__main__": tf.test.main()` does not run), collects its unittest tests, runs them one at a time
 and appends one JSON line per event to RESULTS.jsonl: {"start": id} before a test, then {"id", "outcome",
-"error", "message", "seconds", "upstream_estimator"} after it (flushed at once, so the parent knows which test
-was running if this process hangs or dies). Outcomes: pass, fail, error, skip, xfail, xpass.
+"error", "message", "traceback", "seconds", "upstream_estimator", "distributed_config", "upstream_privates",
+"runtime_privates", "upstream_names"} after it (flushed at once, so the parent knows which test was running if
+this process hangs or dies). Outcomes: pass, fail, error, skip, xfail, xpass.
 
 --mode runtime first calls `substitute()`: cerebras-tf's runtime takes the place of tf.estimator's public
-objects (see its docstring), before the test file imports anything from tensorflow_estimator. --mode
-tf.estimator changes nothing (the baseline). In both modes `upstream_estimator` says whether the test built
-tensorflow_estimator's own Estimator class (or a subclass: a canned estimator); in runtime mode such a test
-ran upstream's Estimator, not ours.
+objects (see its docstring), before the test file imports anything from tensorflow_estimator; after the import
+the file's references to upstream modules become _ModuleViews. --mode tf.estimator changes nothing (the
+baseline). `upstream_estimator` says whether the test built tensorflow_estimator's own Estimator class (or a
+subclass: a canned estimator); in runtime mode such a test ran upstream's Estimator, not ours.
+`distributed_config`: the test made or read a runtime RunConfig with parameter servers or a distribute
+strategy. The *_privates and upstream_names lists: what the test read through the _ModuleViews.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ import unittest
 from typing import Any
 
 # tf.estimator's public namespaces (as the API generator wrote them into the tensorflow-estimator wheel) and the
-# runtime namespace that serves each. A name missing from the runtime namespace keeps upstream's object.
+# runtime namespace that serves each (substitute() says what becomes of a name the runtime lacks).
 API_NAMESPACES = {
     "tensorflow_estimator.python.estimator.api._v2.estimator": "estimator.runtime",
     "tensorflow_estimator.python.estimator.api._v2.estimator.experimental": "estimator.runtime.experimental",
@@ -92,8 +95,9 @@ def _runtime_object(namespace: str, name: str) -> Any:
 
 
 # Upstream modules the test files import, and the runtime module with the same role. In the test file's view of
-# such a module (a _ModuleView), a private name (`training._TrainingExecutor`) is the runtime module's object of
-# that name when it has one, else upstream's (recorded per test: the test used tf.estimator's own internals).
+# such a module (a _ModuleView), a name substitute() did not replace (`training._TrainingExecutor`,
+# `export.SupervisedInputReceiver`) is the runtime module's object of that name when it has one, else upstream's
+# (recorded per test).
 COUNTERPARTS = {
     "tensorflow_estimator.python.estimator.estimator": "estimator.runtime.estimator",
     "tensorflow_estimator.python.estimator.estimator_lib": "estimator.runtime",
