@@ -84,3 +84,18 @@ def call_model_fn(model_fn: Callable[..., Any], features: Any, labels: Any, mode
     result = model_fn(features=features, **kwargs)
     tf.compat.v1.logging.info("Done calling model_fn.")
     return as_estimator_spec(result)
+
+
+def call_logit_fn(logit_fn: Callable[..., Any], features: Any, mode: str, params: Any, config: Any) -> Any:
+    """logit_fn(features=..., **the mode/params/config it names) (tf.estimator.experimental's).
+
+    Its result must be a Tensor or a dict of string -> Tensor (ValueError otherwise), and is returned as is.
+    """
+    kwargs = _named(fn_args(logit_fn), mode=mode, params=params, config=config)
+    logits = logit_fn(features=features, **kwargs)
+    is_tensor_dict = isinstance(logits, dict) and all(
+        isinstance(key, str) and isinstance(value, tf.Tensor) for key, value in logits.items())
+    if not (is_tensor_dict or isinstance(logits, tf.Tensor)):
+        raise ValueError("logit_fn should return a Tensor or a dictionary mapping strings to Tensors.  logit_fn "
+                         f"returned: {logits}")
+    return logits

@@ -6,7 +6,10 @@ log lines. The protected members tf.estimator's subclasses use
 (`_call_input_fn`, `_call_model_fn`, `_create_and_assert_global_step`,
 `_device_fn`, `_model_fn`, `_warm_start_settings`, ...) exist with the same
 meaning, so code built on them (estimator.capture, CerebrasEstimator) runs
-on either runtime. Unlike tf.estimator, subclasses may override any member.
+on either runtime. As tf.estimator's, a subclass may add members but not
+redefine the Estimator's (a few are allowed); a subclass that must
+(CerebrasEstimator, through estimator.EstimatorBase) redefines
+`_assert_members_are_not_overridden` to lift the guard.
 """
 from __future__ import annotations
 
@@ -25,6 +28,19 @@ from estimator.runtime.spec import EstimatorSpec
 from estimator.runtime.warm_start import warm_start_settings
 
 _log = tf.compat.v1.logging
+
+
+class _RemovedAttribute:
+    """An attribute whose reading on an instance raises AttributeError with `message` (a removed, renamed
+    method); on the class it is this object, as TF's hidden API attributes are."""
+
+    def __init__(self, message: str) -> None:
+        self._message = message
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self
+        raise AttributeError(self._message)
 
 
 class Estimator:
@@ -59,7 +75,8 @@ class Estimator:
         self._warm_start_settings = warm_start_settings(warm_start_from)
 
     def _assert_members_are_not_overridden(self) -> None:
-        """tf.estimator refuses subclasses that override its members; this runtime allows them (a no-op)."""
+        """Refuse a subclass (the instance's own class) that redefines Estimator's members, as tf.estimator does."""
+        _assert_members_are_not_overridden(Estimator, self)
 
     @property
     def model_dir(self) -> str:
@@ -196,6 +213,11 @@ class Estimator:
         return saved_model.export_all_saved_models(self, export_dir_base, receiver_fn_map, assets_extra, as_text,
                                                    checkpoint_path)
 
+    # tf.estimator.Estimator (TF 2) has no export_savedmodel: reading it says what to use instead. The
+    # tf.compat.v1 Estimator (EstimatorV1 below) still has it.
+    export_savedmodel = _RemovedAttribute(
+        "`Estimator.export_savedmodel` has been deprecated. Please use `export_saved_model` instead.")
+
     def experimental_export_all_saved_models(self, export_dir_base: Any,
                                              input_receiver_fn_map: dict[str, Callable[[], Any]],
                                              assets_extra: dict[str, str] | None = None, as_text: bool = False,
@@ -240,6 +262,56 @@ class Estimator:
     def _call_model_fn(self, features: Any, labels: Any, mode: str, config: RunConfig) -> EstimatorSpec:
         """model_fn called with the labels/mode/params/config it names; returns its EstimatorSpec."""
         return calls.call_model_fn(self._model_fn, features, labels, mode, self.params, config)
+
+
+# Members a subclass may redefine (tf.estimator's list: its API-export bookkeeping and a few extension points).
+_ALLOWED_OVERRIDES = frozenset({
+    "model_fn", "_create_and_assert_global_step", "_export_all_saved_models", "_tf_api_names", "_tf_api_names_v1",
+    "_estimator_api_names", "_estimator_api_names_v1", "_estimator_api_constants", "_estimator_api_constants_v1",
+    "latest_checkpoint"})
+
+
+def _assert_members_are_not_overridden(cls: type, obj: Any) -> None:
+    """ValueError when obj's class itself redefines a member of `cls` outside _ALLOWED_OVERRIDES (TPUEstimator,
+    by name, is exempt, as in tf.estimator)."""
+    if type(obj).__name__ == "TPUEstimator":
+        return
+    estimator_members = {name for name in dir(cls) if not name.startswith("__")}
+    common = (estimator_members & set(type(obj).__dict__)) - _ALLOWED_OVERRIDES
+    overridden = sorted(name for name in common if getattr(cls, name) != getattr(type(obj), name))
+    if overridden:
+        raise ValueError(f"Subclasses of Estimator cannot override members of Estimator. {type(obj)} does override "
+                         f"{overridden}")
+
+
+def is_estimator(value: Any) -> bool:
+    """An Estimator: the runtime's, or tf.estimator's (TF <= 2.15; its canned estimators too), which the
+    runtime's train_and_evaluate and hooks accept as tf.estimator's do (recognised by class, without importing
+    tensorflow_estimator)."""
+    return isinstance(value, Estimator) or any(
+        cls.__name__ == "Estimator" and cls.__module__ == "tensorflow_estimator.python.estimator.estimator"
+        for cls in type(value).__mro__)
+
+
+class EstimatorV1(Estimator):
+    """tf.compat.v1.estimator.Estimator: the Estimator with TF 1's deprecated export_savedmodel as well."""
+
+    def _assert_members_are_not_overridden(self) -> None:
+        _assert_members_are_not_overridden(EstimatorV1, self)
+
+    def export_savedmodel(self, export_dir_base: Any, serving_input_receiver_fn: Callable[[], Any] | None,
+                          assets_extra: dict[str, str] | None = None, as_text: bool = False,
+                          checkpoint_path: str | None = None, strip_default_attrs: bool = False) -> bytes:
+        """export_saved_model under its TF 1 name (deprecated), which by default keeps attributes that have
+        their default value in the graph (strip_default_attrs=False); export_saved_model strips them."""
+        _log.warning("export_savedmodel (from estimator.runtime.estimator) is deprecated and will be removed in a "
+                     "future version.\nInstructions for updating:\nThis function has been renamed, use "
+                     "`export_saved_model` instead.")
+        if not serving_input_receiver_fn:
+            raise ValueError("An input_receiver_fn must be defined.")
+        return saved_model.export_all_saved_models(self, export_dir_base, {ModeKeys.PREDICT: serving_input_receiver_fn},
+                                                   assets_extra, as_text, checkpoint_path,
+                                                   strip_default_attrs=strip_default_attrs)
 
 
 def _config_with_model_dir(config: RunConfig | None, model_dir: Any) -> RunConfig:

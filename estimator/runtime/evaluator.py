@@ -12,7 +12,7 @@ writes them, so TensorBoard shows evaluation beside training.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -34,23 +34,44 @@ def evaluate_model(estimator: "Estimator", input_fn: Callable[..., Any], hooks: 
     """Build the EVAL graph, run it from `checkpoint_path` and write the results to `output_dir`."""
     if estimator._eval_distribution is not None:
         return distributed.evaluate_model(estimator, input_fn, hooks, checkpoint_path, output_dir)
-    with tf.Graph().as_default() as graph:
-        tf.compat.v1.random.set_random_seed(estimator.config.tf_random_seed)
-        estimator._create_and_assert_global_step(graph)
-        features, labels, input_hooks = estimator._get_features_and_labels_from_input_fn(input_fn, ModeKeys.EVAL)
-        spec = estimator._call_model_fn(features, labels, ModeKeys.EVAL, estimator.config)
-        update_op, metrics = _metric_ops(spec.eval_metric_ops, spec.loss)
-        return run_evaluation(estimator, spec.scaffold, update_op, metrics,
-                              [*input_hooks, *hooks, *spec.evaluation_hooks], checkpoint_path, output_dir)
+    with tf.Graph().as_default():
+        graph = build_eval_graph(estimator, input_fn, hooks, checkpoint_path)
+        return run_eval(estimator, graph, checkpoint_path, output_dir)
 
 
-def run_evaluation(estimator: "Estimator", scaffold: Any, update_op: Any, metrics: dict[str, Any],
-                   hooks: list[Any], checkpoint_path: str | None, output_dir: str) -> dict[str, Any]:
-    """In the EVAL graph built up to the metrics: run it from `checkpoint_path` (or a warm start) and write the
-    results (with global_step) to `output_dir`."""
+class EvalGraph(NamedTuple):
+    """The EVAL graph's parts run_eval needs: built once, runnable more than once (InMemoryEvaluatorHook)."""
+
+    scaffold: Any
+    update_op: Any  # every metric's update
+    metrics: dict[str, Any]  # name -> value tensor, `loss` and `global_step` included
+    hooks: list[Any]  # the input's, the caller's and the spec's evaluation hooks
+
+
+def build_eval_graph(estimator: Any, input_fn: Callable[..., Any], hooks: list[Any],
+                     checkpoint_path: str | None) -> EvalGraph:
+    """Build the EVAL graph in the current graph: input, model_fn, the metrics (`loss` and `global_step`
+    added) and, without a checkpoint to restore, the warm start.
+
+    Uses only the Estimator members tf.estimator's Estimator has too, so tf.estimator's estimators (canned
+    ones on TF 2.15) can be evaluated this way (InMemoryEvaluatorHook)."""
+    graph = tf.compat.v1.get_default_graph()
+    tf.compat.v1.random.set_random_seed(estimator.config.tf_random_seed)
+    estimator._create_and_assert_global_step(graph)
+    features, labels, input_hooks = estimator._get_features_and_labels_from_input_fn(input_fn, ModeKeys.EVAL)
+    spec = estimator._call_model_fn(features, labels, ModeKeys.EVAL, estimator.config)
+    update_op, metrics = _metric_ops(spec.eval_metric_ops, spec.loss)
+    return eval_graph_of(estimator, spec.scaffold, update_op, metrics,
+                         [*input_hooks, *hooks, *spec.evaluation_hooks], checkpoint_path)
+
+
+def eval_graph_of(estimator: Any, scaffold: Any, update_op: Any, metrics: dict[str, Any], hooks: list[Any],
+                  checkpoint_path: str | None) -> EvalGraph:
+    """The EVAL graph built up to the metrics, completed: the warm start (without a checkpoint), the
+    `global_step` result, and a local init op that also initializes the eval step counter."""
     global_step = tf.compat.v1.train.get_global_step()
     if not checkpoint_path:
-        maybe_warm_start(estimator._warm_start_settings)
+        maybe_warm_start(getattr(estimator, "_warm_start_settings", None))
     if GLOBAL_STEP_KEY in metrics:
         raise ValueError("Metric with name `global_step` is not allowed, because Estimator already defines a "
                          "default metric with the same name.")
@@ -60,7 +81,20 @@ def run_evaluation(estimator: "Estimator", scaffold: Any, update_op: Any, metric
         scaffold = tf.compat.v1.train.Scaffold(
             local_init_op=tf.group(scaffold.local_init_op, tf.compat.v1.train.Scaffold.default_local_init_op()),
             copy_from_scaffold=scaffold)
-    results = _run(estimator, scaffold, update_op, metrics, hooks, checkpoint_path)
+    return EvalGraph(scaffold, update_op, metrics, hooks)
+
+
+def run_evaluation(estimator: "Estimator", scaffold: Any, update_op: Any, metrics: dict[str, Any],
+                   hooks: list[Any], checkpoint_path: str | None, output_dir: str) -> dict[str, Any]:
+    """In the EVAL graph built up to the metrics (a strategy's, distributed.py): complete it, run it from
+    `checkpoint_path` (or a warm start) and write the results (with global_step) to `output_dir`."""
+    graph = eval_graph_of(estimator, scaffold, update_op, metrics, hooks, checkpoint_path)
+    return run_eval(estimator, graph, checkpoint_path, output_dir)
+
+
+def run_eval(estimator: Any, graph: EvalGraph, checkpoint_path: str | None, output_dir: str) -> dict[str, Any]:
+    """Run a built EVAL graph (in the current graph) from `checkpoint_path`; write and return the results."""
+    results = _run(estimator, graph.scaffold, graph.update_op, graph.metrics, graph.hooks, checkpoint_path)
     step = int(results[GLOBAL_STEP_KEY])
     write_dict_to_summary(output_dir, results, step)  # in the graph: v1 summary writers refuse eager mode
     if checkpoint_path:
@@ -79,7 +113,7 @@ def _metric_ops(eval_metric_ops: dict[str, Any], loss: Any) -> tuple[Any, dict[s
     return update_op, {name: metric_ops[name][0] for name in names}
 
 
-def _run(estimator: "Estimator", scaffold: Any, update_op: Any, metrics: dict[str, Any], hooks: list[Any],
+def _run(estimator: Any, scaffold: Any, update_op: Any, metrics: dict[str, Any], hooks: list[Any],
          checkpoint_path: str | None) -> dict[str, Any]:
     """Run the metric updates batch by batch, then read the metric values once."""
     eval_step = eval_step_counter()

@@ -1,6 +1,8 @@
 """Hook plumbing: argument checks, and the hooks that end train and evaluate runs.
 
-The hooks themselves are TF's (tf.compat.v1.train.*); this module adds the
+The hooks themselves are TF's (tf.compat.v1.train.*, which tf.estimator
+re-exports under its own name: tf.estimator.StopAtStepHook is
+tf.compat.v1.train.StopAtStepHook); this module names them and adds the
 Estimator's own: the argument checks with tf.estimator's messages, and the
 hook that stops an evaluation after N batches.
 """
@@ -13,6 +15,21 @@ import tensorflow as tf
 
 SessionRunHook = tf.compat.v1.train.SessionRunHook
 CheckpointSaverListener = tf.compat.v1.train.CheckpointSaverListener
+CheckpointSaverHook = tf.compat.v1.train.CheckpointSaverHook
+FeedFnHook = tf.compat.v1.train.FeedFnHook
+FinalOpsHook = tf.compat.v1.train.FinalOpsHook
+GlobalStepWaiterHook = tf.compat.v1.train.GlobalStepWaiterHook
+LoggingTensorHook = tf.compat.v1.train.LoggingTensorHook
+NanLossDuringTrainingError = tf.compat.v1.train.NanLossDuringTrainingError
+NanTensorHook = tf.compat.v1.train.NanTensorHook
+ProfilerHook = tf.compat.v1.train.ProfilerHook
+SecondOrStepTimer = tf.compat.v1.train.SecondOrStepTimer
+SessionRunArgs = tf.compat.v1.train.SessionRunArgs
+SessionRunContext = tf.compat.v1.train.SessionRunContext
+SessionRunValues = tf.compat.v1.train.SessionRunValues
+StepCounterHook = tf.compat.v1.train.StepCounterHook
+StopAtStepHook = tf.compat.v1.train.StopAtStepHook
+SummarySaverHook = tf.compat.v1.train.SummarySaverHook
 
 
 def check_hooks(hooks: Iterable[Any] | None) -> list[Any]:

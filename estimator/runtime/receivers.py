@@ -9,11 +9,12 @@ their errors read the same.
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable
+from typing import Any, Callable, Self
 
 import tensorflow as tf
 
 from estimator.runtime import tf_internal
+from estimator.runtime.inputs import parse_input_fn_result
 
 # The dict key a single (non-dict) tensor gets, by the field it was passed as.
 _SINGLE_TENSOR_KEYS = {
@@ -79,7 +80,7 @@ class ServingInputReceiver(collections.namedtuple(
     a serving request feeds ({"input": tensor} when a single one); alternatives add further signatures."""
 
     def __new__(cls, features: Any, receiver_tensors: Any,
-                receiver_tensors_alternatives: Any = None) -> "ServingInputReceiver":
+                receiver_tensors_alternatives: Any = None) -> Self:
         return super().__new__(
             cls,
             features=wrap_and_check_input_tensors(features, "feature", allow_int_keys=True),
@@ -102,6 +103,14 @@ class TensorServingInputReceiver(collections.namedtuple(
             features=receiver.features[tf_internal.SINGLE_FEATURE_DEFAULT_NAME],
             receiver_tensors=receiver.receiver_tensors,
             receiver_tensors_alternatives=receiver.receiver_tensors_alternatives)
+
+
+class UnsupervisedInputReceiver(ServingInputReceiver):
+    """What a TRAIN or EVAL input receiver fn returns for a model without labels: features and receiver
+    tensors, checked and wrapped as a ServingInputReceiver's (no alternatives)."""
+
+    def __new__(cls, features: Any, receiver_tensors: Any) -> "UnsupervisedInputReceiver":
+        return super().__new__(cls, features, receiver_tensors, None)
 
 
 class SupervisedInputReceiver(collections.namedtuple(
@@ -138,13 +147,61 @@ def _placeholder_like(tensor: Any, default_batch_size: int | None) -> Any:
     return tf.compat.v1.placeholder(dtype=tensor.dtype, shape=shape, name=name)
 
 
+def _placeholders_like(tensors: Any, default_batch_size: int | None) -> dict[Any, Any]:
+    return {name: _placeholder_like(tensor, default_batch_size) for name, tensor in tensors.items()}
+
+
 def build_raw_serving_input_receiver_fn(features: dict[str, Any],
                                         default_batch_size: int | None = None) -> Callable[[], Any]:
     """A serving_input_receiver_fn fed the features directly: one placeholder per entry of `features`
     (a dict of example tensors giving dtypes and shapes), each both receiver tensor and feature."""
 
     def serving_input_receiver_fn() -> ServingInputReceiver:
-        placeholders = {name: _placeholder_like(tensor, default_batch_size) for name, tensor in features.items()}
+        placeholders = _placeholders_like(features, default_batch_size)
         return ServingInputReceiver(placeholders, placeholders)
 
     return serving_input_receiver_fn
+
+
+def build_raw_supervised_input_receiver_fn(features: Any, labels: Any,
+                                           default_batch_size: int | None = None) -> Callable[[], Any]:
+    """A TRAIN/EVAL input receiver fn fed features and labels directly (tf.estimator.experimental's).
+
+    `features` and `labels` (each a tensor or a dict of tensors) give the dtypes and shapes of the
+    placeholders the receiver fn creates; the model_fn gets them as they are (a single tensor stays one),
+    and the receiver tensors are all of them: a single feature tensor under "input", a single label under
+    "label". Features and labels must not share a key.
+    """
+    feature_keys = features.keys() if isinstance(features, dict) else [tf_internal.SINGLE_RECEIVER_DEFAULT_NAME]
+    label_keys = labels.keys() if isinstance(labels, dict) else [tf_internal.SINGLE_LABEL_DEFAULT_NAME]
+    overlap = set(feature_keys) & set(label_keys)
+    if overlap:
+        raise ValueError(f"Features and labels must have distinct keys. Found overlapping keys: {overlap}")
+
+    def as_placeholders(tensors: Any, single_key: str) -> tuple[Any, dict[Any, Any]]:
+        """(what the model_fn gets, the receiver tensors they add)."""
+        if isinstance(tensors, dict):
+            placeholders = _placeholders_like(tensors, default_batch_size)
+            return placeholders, placeholders
+        placeholder = _placeholder_like(tensors, default_batch_size)
+        return placeholder, {single_key: placeholder}
+
+    def supervised_input_receiver_fn() -> SupervisedInputReceiver:
+        feature_values, feature_receivers = as_placeholders(features, tf_internal.SINGLE_RECEIVER_DEFAULT_NAME)
+        label_values, label_receivers = as_placeholders(labels, tf_internal.SINGLE_LABEL_DEFAULT_NAME)
+        return SupervisedInputReceiver(feature_values, label_values, {**feature_receivers, **label_receivers})
+
+    return supervised_input_receiver_fn
+
+
+def build_supervised_input_receiver_fn_from_input_fn(input_fn: Callable[..., Any],
+                                                     **input_fn_args: Any) -> Callable[[], Any]:
+    """A TRAIN/EVAL input receiver fn whose placeholders match what `input_fn(**input_fn_args)` returns.
+
+    input_fn is called once, in a graph of its own, to learn the dtypes and shapes of its features and
+    labels (a dataset's elements, or the tensors it returns); the receiver fn creates placeholders like
+    them in the graph it is called in.
+    """
+    with tf.Graph().as_default():
+        features, labels, _ = parse_input_fn_result(input_fn(**input_fn_args))
+    return build_raw_supervised_input_receiver_fn(features, labels)

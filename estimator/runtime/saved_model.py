@@ -43,7 +43,7 @@ def checkpoint_to_export(estimator: "Estimator", checkpoint_path: str | None) ->
 
 def export_all_saved_models(estimator: "Estimator", export_dir_base: Any,
                             input_receiver_fn_map: dict[str, Callable[[], Any]], assets_extra: dict[str, str] | None,
-                            as_text: bool, checkpoint_path: str | None) -> bytes:
+                            as_text: bool, checkpoint_path: str | None, strip_default_attrs: bool = True) -> bytes:
     """Write one SavedModel with a MetaGraph per mode in the map; returns its directory (bytes, as tf.estimator)."""
     checkpoint_path = checkpoint_to_export(estimator, checkpoint_path)
     export_dir = tf_internal.get_timestamped_export_dir(tf.compat.as_str_any(os.fspath(export_dir_base)))
@@ -53,7 +53,7 @@ def export_all_saved_models(estimator: "Estimator", export_dir_base: Any,
     for mode in _MODE_ORDER:  # each mode builds its own graph (graph mode, also where eager execution is on)
         if input_receiver_fn_map.get(mode):
             _add_meta_graph_for_mode(estimator, builder, input_receiver_fn_map[mode], checkpoint_path,
-                                     save_variables, mode)
+                                     save_variables, mode, strip_default_attrs)
             save_variables = False
     if save_variables:
         raise ValueError(f"No valid modes for exporting found. Got {input_receiver_fn_map.keys()}.")
@@ -64,7 +64,8 @@ def export_all_saved_models(estimator: "Estimator", export_dir_base: Any,
 
 
 def _add_meta_graph_for_mode(estimator: "Estimator", builder: Any, input_receiver_fn: Callable[[], Any],
-                             checkpoint_path: str, save_variables: bool, mode: str) -> None:
+                             checkpoint_path: str, save_variables: bool, mode: str,
+                             strip_default_attrs: bool = True) -> None:
     """Build `mode`'s graph from the receiver, restore the checkpoint, and add its MetaGraph to `builder`."""
     with tf.Graph().as_default() as graph:
         estimator._create_and_assert_global_step(graph)
@@ -95,7 +96,7 @@ def _add_meta_graph_for_mode(estimator: "Estimator", builder: Any, input_receive
             tf_internal.add_train_op(builder, spec.train_op)
             kwargs = dict(tags=tf_internal.export_tags(mode), signature_def_map=signature_def_map,
                           assets_collection=tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.ASSET_FILEPATHS),
-                          main_op=local_init_op, saver=saver, strip_default_attrs=True)
+                          main_op=local_init_op, saver=saver, strip_default_attrs=strip_default_attrs)
             if save_variables:
                 builder.add_meta_graph_and_variables(session, **kwargs)
             else:

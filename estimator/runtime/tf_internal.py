@@ -8,6 +8,10 @@ public equivalent and exist unchanged from TF 2.15 to 2.21:
   match tf.estimator's only when it exists);
 - the default export outputs of a PREDICT spec (a PredictOutput over the
   predictions), whose classes SavedModel export works with;
+- MonitoredTrainingSession looked up, when training starts, in TF's
+  training module, where tf.estimator looks it up: code that patches it
+  there (tf.estimator's own tests do, to see the hooks and summary settings
+  an Estimator trains with) sees the runtime's session the same way;
 - SavedModel export's helpers (TensorFlow's saved_model.model_utils, the
   ones tf.estimator itself exports with): the export outputs and signature
   defs for a mode, the tags of each mode, timestamped export directories, and
@@ -26,6 +30,7 @@ from tensorflow.python.distribute import multi_worker_util as _multi_worker_util
 from tensorflow.python.saved_model.model_utils import export_output as _export_output
 from tensorflow.python.saved_model.model_utils import export_utils as _export_utils
 from tensorflow.python.training import basic_session_run_hooks as _basic_hooks
+from tensorflow.python.training import training as _training
 from tensorflow.python.training import training_util as _training_util
 
 ExportOutput = _export_output.ExportOutput
@@ -46,6 +51,11 @@ SINGLE_LABEL_DEFAULT_NAME: str = _export_utils.SINGLE_LABEL_DEFAULT_NAME
 def export_tags(mode: str) -> Any:
     """The MetaGraph tags of a mode's export (PREDICT: "serve", TRAIN: "train", EVAL: "eval")."""
     return _export_utils.EXPORT_TAG_MAP[mode]
+
+
+def monitored_training_session(**kwargs: Any) -> Any:
+    """tf.compat.v1.train.MonitoredTrainingSession(**kwargs), as TF's training module holds it now."""
+    return _training.MonitoredTrainingSession(**kwargs)
 
 
 def create_global_step_read(graph: tf.Graph) -> Any:

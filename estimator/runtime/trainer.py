@@ -73,7 +73,7 @@ def run_training(estimator: "Estimator", spec: EstimatorSpec, hooks: list[Any], 
         return distributed.run_collective_training(estimator, spec, worker_hooks, saving_listeners)
     chief_hooks = _checkpoint_hooks(estimator, spec, worker_hooks, saving_listeners)
     save_summary_steps, log_step_count_steps = _summary_hooks_on_worker_0(config, spec, worker_hooks)
-    with tf.compat.v1.train.MonitoredTrainingSession(
+    with tf_internal.monitored_training_session(
             master=config.master,
             is_chief=config.is_chief,
             checkpoint_dir=estimator.model_dir,

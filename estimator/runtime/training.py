@@ -49,7 +49,7 @@ import tensorflow as tf
 
 from estimator.runtime import distributed
 from estimator.runtime.cluster import TaskType
-from estimator.runtime.estimator import Estimator
+from estimator.runtime.estimator import Estimator, is_estimator
 from estimator.runtime.exporter import Exporter
 
 _log = tf.compat.v1.logging
@@ -181,6 +181,17 @@ class _EvalResult(collections.namedtuple("EvalResult", ["metrics", "checkpoint_p
     """One evaluation of one checkpoint."""
 
 
+def _check_eval_metrics(metrics: Any) -> None:
+    """Estimator.evaluate's result must be a non-empty dict with the global step (tf.estimator's errors)."""
+    if not metrics:
+        raise ValueError("Internal error: `Estimator.evaluate` should never return empty metrics.")
+    if not isinstance(metrics, dict):
+        raise TypeError(f"`Estimator.evaluate` should return dict. Given {type(metrics)}.")
+    if tf.compat.v1.GraphKeys.GLOBAL_STEP not in metrics:
+        raise ValueError(f"Internal error: `Estimator.evaluate` result should have `global_step` in result. Given "
+                         f"{metrics}")
+
+
 class _Evaluator:
     """Evaluates the latest checkpoint (once per checkpoint) and runs the exporters on the result."""
 
@@ -204,9 +215,7 @@ class _Evaluator:
         metrics = self._estimator.evaluate(input_fn=self._eval_spec.input_fn, steps=self._eval_spec.steps,
                                            name=self._eval_spec.name, checkpoint_path=checkpoint,
                                            hooks=self._eval_spec.hooks)
-        if not isinstance(metrics, dict) or tf.compat.v1.GraphKeys.GLOBAL_STEP not in metrics:
-            raise ValueError("Internal error: `Estimator.evaluate` result should have `global_step` in result. "
-                             f"Given {metrics}")
+        _check_eval_metrics(metrics)
         result = _EvalResult(metrics=metrics, checkpoint_path=checkpoint)
         final = bool(self._max_training_steps) and metrics[tf.compat.v1.GraphKeys.GLOBAL_STEP] >= (
             self._max_training_steps or 0)
@@ -274,7 +283,7 @@ class _TrainingExecutor:
     """Runs this task's part of train_and_evaluate, chosen by RunConfig's task type (run_<task type>)."""
 
     def __init__(self, estimator: Estimator, train_spec: TrainSpec, eval_spec: EvalSpec) -> None:
-        if not isinstance(estimator, Estimator):
+        if not is_estimator(estimator):
             raise TypeError(f"`estimator` must have type `tf.estimator.Estimator`. Got: {type(estimator)}")
         if not isinstance(train_spec, TrainSpec):
             raise TypeError(f"`train_spec` must have type `tf.estimator.TrainSpec`. Got: {type(train_spec)}")
@@ -340,14 +349,15 @@ class _TrainingExecutor:
         evaluator = _Evaluator(self._estimator, self._eval_spec, self._train_spec.max_steps)
         throttle_secs = self._eval_spec.throttle_secs
         max_steps = self._train_spec.max_steps
+        result: _EvalResult | None = None
         while True:
-            started = time.time()
-            result, _ = evaluator.evaluate_and_export()
-            if result is not None:
+            if result is not None:  # checked after the throttle wait that follows each evaluation, as tf.estimator
                 step = result.metrics.get(tf.compat.v1.GraphKeys.GLOBAL_STEP)
                 if step and max_steps and step >= max_steps:
                     _log.info("Exiting evaluation, global_step=%s >= train max_steps=%s", step, max_steps)
                     return
+            started = time.time()
+            result, _ = evaluator.evaluate_and_export()
             wait = throttle_secs - (time.time() - started)
             if wait > 0:
                 _log.info("Waiting %f secs before starting next eval run.", wait)
