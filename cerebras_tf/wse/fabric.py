@@ -23,7 +23,7 @@ is the commonly cited ~1.1 GHz estimate):
   6,370 samples/s (Model Zoo R1.7.1, TensorFlow, batch 1024; the ALCF AI
   testbed user guide's example log), where every PE at its peak estimates
   30,343 samples/s (ratio 0.210). Checked, not fitted, against other measured
-  runs in README's "Estimates against measurements" (weight streaming GPT-J
+  runs in docs/simulated-system.md's "Estimates against measurements" (weight streaming GPT-J
   6B on one and two CS-2s, GPT-2 small). Its published peak, 7.5 PFLOP/s in
   half precision per CS-2, is what the presets' peak computes to.
 """

@@ -331,7 +331,7 @@ class _TrainingExecutor:
         return metrics, listener.export_results
 
     def run_chief(self) -> None:
-        self._start_distributed_training(saving_listeners=list(self._train_spec.saving_listeners))
+        self._start_distributed_training(saving_listeners=self._train_spec.saving_listeners)
 
     def run_master(self) -> None:
         """The chief of a `master` cluster: trains and evaluates its own checkpoints, as a local run does."""
@@ -369,7 +369,7 @@ class _TrainingExecutor:
     def run_worker(self) -> None:
         self._start_distributed_training()
 
-    def _start_distributed_training(self, saving_listeners: list[Any] | None = None) -> None:
+    def _start_distributed_training(self, saving_listeners: Iterable[Any] | None = None) -> None:
         """Start this task's TF server (unless the cluster is this one trainer), wait a worker's delay, train."""
         config = self._estimator.config
         if json.loads(os.environ.get("TF_CONFIG") or "{}").get("environment") != "google":
