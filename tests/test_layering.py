@@ -42,11 +42,11 @@ def _module_name(path: pathlib.Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: pathlib.Path) -> set[str]:
+def _imports(path: pathlib.Path, tree: ast.AST | None = None) -> set[str]:
     """Every module `path` imports, at the top or inside a function (a lazy import is still a dependency)."""
     package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(tree or ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -105,6 +105,7 @@ def test_package_imports_form_a_one_way_dag():
     assert "cerebras_tf.ir" in graph and "cerebras_tf.wse" in graph["cerebras_tf.compiler"]  # the graph is real
 
 
+
 def test_no_package_makes_an_import_it_must_not():
     offending = []
     for path in _sources():
@@ -133,6 +134,39 @@ def test_the_estimator_runtime_imports_only_tensorflow():
                       if name.split(".")[0] in ("tensorflow_estimator", "cerebras_tf")
                       or (name.split(".")[0] == "estimator" and not name.startswith("estimator.runtime"))]
     assert not offending, "\n".join(offending)
+
+
+def _runtime_imports(path: pathlib.Path) -> set[str]:
+    """The modules `path` imports when it runs: _imports without those under `if TYPE_CHECKING:`."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            node.body = [ast.Pass()]
+    return _imports(path, tree)
+
+
+def _estimator_runtime_graph() -> dict[str, set[str]]:
+    """estimator/runtime's modules -> the modules of it they import at runtime (`from estimator.runtime import
+    x` counts as x; the package itself is no node)."""
+    modules = {path.stem for path in ROOT.joinpath("estimator", "runtime").glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in sorted(ROOT.joinpath("estimator", "runtime").glob("*.py")):
+        targets = {name.split(".")[2] for name in _runtime_imports(path)
+                   if name.startswith("estimator.runtime.") and name.split(".")[2] in modules}
+        graph[path.stem] = targets - {path.stem}
+    return graph
+
+
+def test_the_estimator_runtime_modules_import_one_way():
+    """trainer, evaluator, predictor, saved_model and distributed build and run the graphs through the Estimator
+    they are handed (tf.estimator's methods: _call_model_fn, _create_and_assert_global_step, ...) without
+    importing estimator.py, whose Estimator calls them; only the modules that need the class itself import it."""
+    graph = _estimator_runtime_graph()
+    cycle = _cycle(graph)
+    assert cycle is None, "estimator/runtime modules import each other: " + " -> ".join(cycle or [])
+    importers = {module for module, targets in graph.items() if "estimator" in targets}
+    assert importers == {"__init__", "v1", "extenders", "training", "early_stopping"}, importers
+    assert {"trainer", "evaluator", "distributed"} <= graph["estimator"]  # the graph is real
 
 
 def test_tf_free_packages_load_without_tensorflow():

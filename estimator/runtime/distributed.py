@@ -37,6 +37,10 @@ MonitoredTrainingSession's worker-context path. It removed
 tensorflow/python/distribute/estimator_training.py, the glue between those
 and the Estimator: this module is that glue (and the Estimator's own
 distributed paths). TPUStrategy is not supported (no TPU here).
+
+It sits above trainer.py and evaluator.py (it builds the graphs they run);
+Estimator.train/.evaluate come here when the config has a strategy. A
+collective worker's session is trainer.py's (run_collective_training).
 """
 from __future__ import annotations
 
@@ -54,9 +58,6 @@ if TYPE_CHECKING:
     from estimator.runtime.run_config import RunConfig
 
 _log = tf.compat.v1.logging
-
-# Strategies whose workers each run their own session in a cluster (collective all-reduce).
-_COLLECTIVE_STRATEGIES = ("CollectiveAllReduceStrategy", "CollectiveAllReduceStrategyV1", "MultiWorkerMirroredStrategy")
 
 
 # ---------------------------------------------------------------------------------------------------- RunConfig
@@ -283,42 +284,6 @@ def _loss_reduce_op(graph: tf.Graph) -> Any:
 def _first_replica(strategy: Any, per_replica_hooks: Any) -> list[Any]:
     """Each hook as the first replica's model_fn made it."""
     return [strategy.experimental_local_results(hook)[0] for hook in per_replica_hooks]
-
-
-def runs_collective_session(estimator: "Estimator") -> bool:
-    """Whether training runs a session per worker of a cluster (MultiWorkerMirroredStrategy in a cluster)."""
-    return bool(estimator._config.cluster_spec) and type(
-        estimator._train_distribution).__name__ in _COLLECTIVE_STRATEGIES
-
-
-def run_collective_training(estimator: "Estimator", spec: EstimatorSpec, worker_hooks: list[Any],
-                            saving_listeners: list[Any]) -> Any:
-    """Train on one worker of a collective cluster; the coordinator's worker context, if any, decides who
-    checkpoints and writes summaries to model_dir (MonitoredTrainingSession reads it). Returns the last loss."""
-    if saving_listeners:
-        raise ValueError("Saving listenor is not supported by the current Distribution Strategies.")
-    config = estimator._config  # not a deep copy: a MultiWorkerMirroredStrategy may refuse to be copied
-    with tf.compat.v1.train.MonitoredTrainingSession(
-            master=config.master,
-            is_chief=config.is_chief,
-            checkpoint_dir=estimator.model_dir,
-            scaffold=spec.scaffold,
-            hooks=worker_hooks,
-            chief_only_hooks=tuple(spec.training_chief_hooks),
-            save_checkpoint_secs=config.save_checkpoints_secs,
-            save_checkpoint_steps=config.save_checkpoints_steps,
-            save_summaries_steps=config.save_summary_steps,
-            config=estimator._session_config,
-            max_wait_secs=config.session_creation_timeout_secs,
-            log_step_count_steps=config.log_step_count_steps,
-            save_graph_def=config.checkpoint_save_graph_def) as session:
-        loss, steps = None, 0
-        while not session.should_stop():
-            steps += 1
-            _, loss = session.run([spec.train_op, spec.loss])
-    if steps == 0:
-        _log.warning("Training with estimator made no steps. Perhaps input is empty or misspecified.")
-    return loss
 
 
 # ---------------------------------------------------------------------------------------------------- scaffold

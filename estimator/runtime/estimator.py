@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import tensorflow as tf
 
-from estimator.runtime import calls, evaluator, hooks as hooks_lib, inputs, predictor, saved_model, trainer
+from estimator.runtime import calls, distributed, evaluator, hooks as hooks_lib, inputs, predictor, saved_model, trainer
 from estimator.runtime.cluster import TaskType
 from estimator.runtime.mode_keys import ModeKeys
 from estimator.runtime.run_config import RunConfig, as_run_config, default_session_config, path_to_str
@@ -153,6 +153,8 @@ class Estimator:
         return self
 
     def _train_model(self, input_fn: Callable[..., Any], hooks: list[Any], saving_listeners: list[Any]) -> Any:
+        if self._train_distribution is not None:  # train_distribute: the model_fn on every replica
+            return distributed.train_model(self, input_fn, hooks, saving_listeners)
         return trainer.train_model(self, input_fn, hooks, saving_listeners)
 
     def evaluate(self, input_fn: Callable[..., Any], steps: int | None = None, hooks: Iterable[Any] | None = None,
@@ -172,6 +174,8 @@ class Estimator:
             if not checkpoint_path:
                 _log.info(f"Could not find trained model in model_dir: {self._model_dir}, running initialization to "
                           "evaluate.")
+        if self._eval_distribution is not None:  # eval_distribute: the metrics computed per replica
+            return distributed.evaluate_model(self, input_fn, all_hooks, checkpoint_path, self.eval_dir(name))
         return evaluator.evaluate_model(self, input_fn, all_hooks, checkpoint_path, self.eval_dir(name))
 
     def predict(self, input_fn: Callable[..., Any], predict_keys: Sequence[str] | None = None,

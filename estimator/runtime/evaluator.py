@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from estimator.runtime import distributed
 from estimator.runtime.hooks import StopAfterNEvalsHook, eval_step_counter
 from estimator.runtime.mode_keys import ModeKeys
 from estimator.runtime.spec import LOSS_METRIC_KEY
@@ -32,8 +31,6 @@ GLOBAL_STEP_KEY = tf.compat.v1.GraphKeys.GLOBAL_STEP
 def evaluate_model(estimator: "Estimator", input_fn: Callable[..., Any], hooks: list[Any],
                    checkpoint_path: str | None, output_dir: str) -> dict[str, Any]:
     """Build the EVAL graph, run it from `checkpoint_path` and write the results to `output_dir`."""
-    if estimator._eval_distribution is not None:
-        return distributed.evaluate_model(estimator, input_fn, hooks, checkpoint_path, output_dir)
     with tf.Graph().as_default():
         graph = build_eval_graph(estimator, input_fn, hooks, checkpoint_path)
         return run_eval(estimator, graph, checkpoint_path, output_dir)

@@ -9,7 +9,11 @@ summaries every save_summary_steps (a `loss` scalar included), checkpoints
 `model.ckpt-<step>` (keep_checkpoint_max of them, one at the end),
 graph.pbtxt, and saving listeners on the checkpoint saver. In a cluster with
 a `master` and workers, worker 0 writes the summaries and global_step/sec
-instead of the master (tf.estimator's placement).
+instead of the master (tf.estimator's placement). With a MultiWorkerMirroredStrategy
+in a cluster every worker runs a session of its own (run_collective_training).
+
+distributed.py builds the TRAIN graph with a train_distribute and runs it here
+(run_training); this module does not import it (Estimator.train chooses).
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import tensorflow as tf
 
-from estimator.runtime import distributed, tf_internal
+from estimator.runtime import tf_internal
 from estimator.runtime.cluster import TaskType
 from estimator.runtime.mode_keys import ModeKeys
 from estimator.runtime.spec import EstimatorSpec
@@ -41,8 +45,6 @@ def global_step_in(model_dir: str) -> int:
 def train_model(estimator: "Estimator", input_fn: Callable[..., Any], hooks: list[Any],
                 saving_listeners: list[Any]) -> Any:
     """Build the TRAIN graph and run it until a hook stops it or the input ends; returns the last loss."""
-    if estimator._train_distribution is not None:
-        return distributed.train_model(estimator, input_fn, hooks, saving_listeners)
     with tf.Graph().as_default() as graph, graph.device(estimator._device_fn):
         tf.compat.v1.random.set_random_seed(estimator.config.tf_random_seed)
         if estimator._create_and_assert_global_step(graph) is not None:
@@ -69,11 +71,11 @@ def run_training(estimator: "Estimator", spec: EstimatorSpec, hooks: list[Any], 
             {"loss": spec.loss, "step": global_step}, every_n_iter=config.log_step_count_steps))
     worker_hooks.extend(spec.training_hooks)
     _add_default_saver(spec.scaffold, config)
-    if distributed.runs_collective_session(estimator):  # MultiWorkerMirroredStrategy in a cluster
-        return distributed.run_collective_training(estimator, spec, worker_hooks, saving_listeners)
+    if runs_collective_session(estimator):  # MultiWorkerMirroredStrategy in a cluster
+        return run_collective_training(estimator, spec, worker_hooks, saving_listeners)
     chief_hooks = _checkpoint_hooks(estimator, spec, worker_hooks, saving_listeners)
     save_summary_steps, log_step_count_steps = _summary_hooks_on_worker_0(config, spec, worker_hooks)
-    with tf_internal.monitored_training_session(
+    session = tf_internal.monitored_training_session(
             master=config.master,
             is_chief=config.is_chief,
             checkpoint_dir=estimator.model_dir,
@@ -85,7 +87,13 @@ def run_training(estimator: "Estimator", spec: EstimatorSpec, hooks: list[Any], 
             config=config.session_config,
             max_wait_secs=config.session_creation_timeout_secs,
             log_step_count_steps=log_step_count_steps,
-            save_graph_def=config.checkpoint_save_graph_def) as session:
+            save_graph_def=config.checkpoint_save_graph_def)
+    return _train_in(session, spec)
+
+
+def _train_in(session: Any, spec: EstimatorSpec) -> Any:
+    """Run spec.train_op in a MonitoredSession until it stops (closing it); returns the last loss."""
+    with session:
         loss, steps = None, 0
         while not session.should_stop():
             steps += 1
@@ -147,3 +155,38 @@ def _checkpoint_hooks(estimator: "Estimator", spec: EstimatorSpec, worker_hooks:
         known = savers[0]._listeners  # TF keeps a hook's listeners here (no public way to add one later)
         known.extend(listener for listener in saving_listeners if listener not in known)
     return chief_hooks
+
+
+# Strategies whose workers each run their own session in a cluster (collective all-reduce): a MultiWorkerMirrored
+# train_distribute trains here, with the graph distributed.py builds for it.
+_COLLECTIVE_STRATEGIES = ("CollectiveAllReduceStrategy", "CollectiveAllReduceStrategyV1", "MultiWorkerMirroredStrategy")
+
+
+def runs_collective_session(estimator: "Estimator") -> bool:
+    """Whether training runs a session per worker of a cluster (MultiWorkerMirroredStrategy in a cluster)."""
+    return bool(estimator._config.cluster_spec) and type(
+        estimator._train_distribution).__name__ in _COLLECTIVE_STRATEGIES
+
+
+def run_collective_training(estimator: "Estimator", spec: EstimatorSpec, worker_hooks: list[Any],
+                            saving_listeners: list[Any]) -> Any:
+    """Train on one worker of a collective cluster; the coordinator's worker context, if any, decides who
+    checkpoints and writes summaries to model_dir (MonitoredTrainingSession reads it). Returns the last loss."""
+    if saving_listeners:
+        raise ValueError("Saving listenor is not supported by the current Distribution Strategies.")
+    config = estimator._config  # not a deep copy: a MultiWorkerMirroredStrategy may refuse to be copied
+    session = tf.compat.v1.train.MonitoredTrainingSession(
+            master=config.master,
+            is_chief=config.is_chief,
+            checkpoint_dir=estimator.model_dir,
+            scaffold=spec.scaffold,
+            hooks=worker_hooks,
+            chief_only_hooks=tuple(spec.training_chief_hooks),
+            save_checkpoint_secs=config.save_checkpoints_secs,
+            save_checkpoint_steps=config.save_checkpoints_steps,
+            save_summaries_steps=config.save_summary_steps,
+            config=estimator._session_config,
+            max_wait_secs=config.session_creation_timeout_secs,
+            log_step_count_steps=config.log_step_count_steps,
+            save_graph_def=config.checkpoint_save_graph_def)
+    return _train_in(session, spec)
