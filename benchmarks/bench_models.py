@@ -106,7 +106,7 @@ def our_executor(prepared: Prepared, provider: str) -> Any:
     "tensorflow")."""
     from cerebras_tf.amp import GradScaler
     from cerebras_tf.compiler import initial
-    from cerebras_tf.host_kernels_tf import host_kernels_for
+    from cerebras_tf.run.host_kernels_tf import host_kernels_for
     from cerebras_tf.wse.executor import Executor
 
     program = prepared.estimator.compile(prepared.input_fn).program

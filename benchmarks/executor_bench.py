@@ -10,7 +10,7 @@ Two levels, each side in its own subprocess:
     on the compiled program; steps/s is 1 / the median step time (robust to the odd step a
     busy host stalls).
 Ours runs float16 numerics with dynamic loss scaling (and, for reference, float32 numerics:
-set_half_dtype("float32")), each on every host-kernel provider (cerebras_tf.host_kernels_tf):
+set_half_dtype("float32")), each on every host-kernel provider (cerebras_tf.run.host_kernels_tf):
 numpy/OpenBLAS ("/numpy") and TensorFlow's own CPU kernels ("/tensorflow"); train(use_cs=True)
 takes the latter for a model with convolutions, the former otherwise (host_kernels_for): at the
 step level handed to the Executor, at the train level through CEREBRAS_TF_HOST_KERNELS.

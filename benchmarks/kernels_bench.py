@@ -21,7 +21,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from cerebras_tf.host_kernels_tf import TENSORFLOW_HOST_KERNELS  # noqa: E402
+from cerebras_tf.run.host_kernels_tf import TENSORFLOW_HOST_KERNELS  # noqa: E402
 from cerebras_tf.wse.kernels import KERNELS, NUMPY_HOST_KERNELS, KernelContext  # noqa: E402
 
 R = tf.raw_ops

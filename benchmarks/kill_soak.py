@@ -54,7 +54,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
-from cerebras_tf.trainer_lock import LOCK_FILE  # noqa: E402
+from cerebras_tf.run.trainer_lock import LOCK_FILE  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "executor", "kill_train_script.py")

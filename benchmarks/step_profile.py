@@ -202,7 +202,7 @@ def main() -> None:
     parser.add_argument("--numerics", default="float16", help="ours: comma-separated half dtypes (float16, "
                                                              "bfloat16, float32 for float32 numerics)")
     parser.add_argument("--provider", default="auto", choices=("auto", "tensorflow", "numpy"),
-                        help="our host kernels (cerebras_tf.host_kernels_tf.host_kernels_for)")
+                        help="our host kernels (cerebras_tf.run.host_kernels_tf.host_kernels_for)")
     args = parser.parse_args()
     bench_models.quiet_tf()
     from cerebras_tf import amp

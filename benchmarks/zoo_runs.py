@@ -100,7 +100,7 @@ PHASES = ("cpu_train", "validate", "compile", "cs_train", "cpu_eval")
 DEPENDS_ON = {"compile": "validate", "cs_train": "compile", "cpu_eval": "cs_train"}
 LONE_CHIEF = json.dumps({"cluster": {"chief": ["localhost:2222"]}, "task": {"type": "chief", "index": 0}})
 
-# cerebras_tf's log lines that say a run used the simulated system (cs_estimator._announce_system, cs_training).
+# cerebras_tf's log lines that say a run used the simulated system (cs_estimator._announce_system, run/chief.py).
 SIMULATED_RUN = re.compile(r"Training on the simulated CS system|Trained steps \d+-\d+ in .* on the simulated WSE")
 EVAL_MARKER = "Saving dict for global step"
 

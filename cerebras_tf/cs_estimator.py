@@ -12,13 +12,13 @@ import tensorflow as tf
 from cerebras_tf import logs, rules, write_failures
 from cerebras_tf.amp.tf_loss_scaling import STATE_SCOPE as LOSS_SCALE_SCOPE
 from cerebras_tf.compiler.driver import CompileResult, compile_model, program_hash
-from cerebras_tf.cs_training import checkpoint_to_evaluate, evaluate_on_system, predict_on_system, train_on_system
+from cerebras_tf.run.chief import checkpoint_to_evaluate, evaluate_on_system, predict_on_system, train_on_system
 from cerebras_tf.errors import CerebrasError, EstimatorArgumentError, raise_problems
 from cerebras_tf.precheck import precheck
 from cerebras_tf.run_config import CSRunConfig
 from cerebras_tf.settings import CSSettings
 from cerebras_tf.spec import to_plain_spec
-from cerebras_tf.tensorboard import write_image_summary
+from cerebras_tf.run.tensorboard import write_image_summary
 from cerebras_tf.wse.system import check_system, program_system
 from estimator import CapturedModel, EstimatorBase, EstimatorSpec, ModeKeys, RunConfig
 from estimator.source import caller_location

@@ -91,7 +91,7 @@ class ConfigTypeError(ConfigError, TypeError):
 
 
 class TrainerLockError(CerebrasError):
-    """Another training run on the CS system holds the model_dir (cerebras_tf/trainer_lock.py)."""
+    """Another training run on the CS system holds the model_dir (cerebras_tf/run/trainer_lock.py)."""
 
     tag = "[Cerebras]"
 

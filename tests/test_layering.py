@@ -15,8 +15,14 @@ TF_SIDE_MODULES = {"cerebras_tf/amp/tf_loss_scaling.py"}
 FORBIDDEN = {
     "cerebras_tf.ir": ("tensorflow", "cerebras_tf."),  # the IR depends on nothing of the project but itself
     "cerebras_tf.wse": ("tensorflow", "cerebras_tf.compiler", "cerebras_tf.rules", "cerebras_tf.input_workers",
-                        "estimator"),
+                        "cerebras_tf.run", "estimator"),
     "cerebras_tf.amp": ("tensorflow", "cerebras_tf.compiler", "cerebras_tf.wse", "cerebras_tf.rules", "estimator"),
+    # the host side of a run is above what it runs: nothing it drives may import it
+    "cerebras_tf.compiler": ("cerebras_tf.run",),
+    "cerebras_tf.rules": ("cerebras_tf.run",),
+    "cerebras_tf.input_workers": ("cerebras_tf.run",),
+    "cerebras_tf.precheck": ("cerebras_tf.run",),
+    "cerebras_tf.settings": ("cerebras_tf.run",),
     "estimator": ("cerebras_tf",),
 }
 
@@ -104,6 +110,19 @@ def test_package_imports_form_a_one_way_dag():
     assert cycle is None, "packages import each other: " + " -> ".join(cycle or [])
     assert "cerebras_tf.ir" in graph and "cerebras_tf.wse" in graph["cerebras_tf.compiler"]  # the graph is real
 
+
+# The host side of a run on the system is one package; these names are its modules, not top-level ones.
+RUN_MODULES = {"chief", "host_checks", "tensor_text", "divergence", "tensorboard", "host_kernels_tf", "trainer_lock"}
+
+
+def test_the_host_side_of_a_run_is_one_package_between_the_compiler_and_the_system():
+    """train(use_cs=True) walks estimator -> precheck -> rules -> compiler -> run -> wse: cs_estimator hands the
+    compiled program to cerebras_tf.run, which drives the wse/ executor; the run's modules live nowhere else."""
+    graph = _package_graph()
+    assert {"cerebras_tf.compiler", "cerebras_tf.wse", "cerebras_tf.input_workers"} <= graph["cerebras_tf.run"]
+    assert "cerebras_tf.run" in graph["cerebras_tf.cs_estimator"]
+    assert {path.stem for path in ROOT.joinpath("cerebras_tf", "run").glob("*.py")} == RUN_MODULES | {"__init__"}
+    assert not {path.stem for path in ROOT.joinpath("cerebras_tf").glob("*.py")} & (RUN_MODULES | {"cs_training"})
 
 
 def test_no_package_makes_an_import_it_must_not():

@@ -8,7 +8,7 @@ Nothing on the wafer raises or prints, so the compiler makes each one program
 outputs (its condition, the tensors its message shows) and a JSON entry
 (Program.assertions / Program.prints: the static strings and constants, the
 op's attrs, its name and the user's file:line); after each step the host
-checks and prints them (cerebras_tf.host_checks), as TF would have. A string
+checks and prints them (cerebras_tf.run.host_checks), as TF would have. A string
 computed at run time cannot be streamed off the wafer: such a check is refused
 here, naming the op.
 """

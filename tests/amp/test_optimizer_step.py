@@ -16,7 +16,8 @@ import tensorflow as tf
 from benchmarks.summaries import read_scalars
 from estimator import Estimator, EstimatorSpec, RunConfig, SessionRunHook
 import cerebras_tf
-from cerebras_tf import CerebrasEstimator, CSRunConfig, amp, cs_training, set_default_tf_config
+from cerebras_tf import CerebrasEstimator, CSRunConfig, amp, set_default_tf_config
+from cerebras_tf.run import chief
 from cerebras_tf.amp import GradScaler
 from cerebras_tf import ir
 from cerebras_tf.compiler import initial
@@ -237,7 +238,7 @@ def test_on_the_system_only_a_plain_update_is_compiled_and_the_settings_reach_th
     assert not [v for v in program.variables if v.name.startswith("amp/")]
     assert program.loss_scaling == {**GradScaler(**SCALERS["dynamic"]).config(), "max_gradient_value": 0.25}
     assert ir.Program.from_json(program.to_json()).loss_scaling == program.loss_scaling
-    scaler = cs_training.grad_scaler_for(program)
+    scaler = chief.grad_scaler_for(program)
     assert (scaler.scale, scaler.steps_per_increase, scaler.max_gradient_value) == (2048.0, 2, 0.25)
     other = precheck(_cs_estimator(tmp_path / "other", {**params, "clip": {"max_gradient_value": 0.5}}),
                      _input_fn, ModeKeys.TRAIN)
@@ -248,7 +249,7 @@ def test_on_the_system_an_overflow_step_changes_nothing_but_the_step_and_the_sca
     amp.set_half_dtype("float32")
     model, program = _compiled(tmp_path, {"scaler": SCALERS["dynamic"]})
     executor = Executor(program, initial.initial_values(model, program),
-                        grad_scaler=cs_training.grad_scaler_for(program))
+                        grad_scaler=chief.grad_scaler_for(program))
     used, after = _expected_scales(SCALERS["dynamic"])
     with InputStream.local(_input_fn, {}) as batches:
         for step in range(1, STEPS + 1):

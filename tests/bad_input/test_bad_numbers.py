@@ -28,7 +28,7 @@ from bad_input_helpers import (
 
 import cerebras_tf
 from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, amp
-from cerebras_tf.divergence import OVERFLOW_STEPS_AT_MIN_SCALE, NanLossError
+from cerebras_tf.run.divergence import OVERFLOW_STEPS_AT_MIN_SCALE, NanLossError
 from estimator import ModeKeys
 
 NanLossDuringTrainingError = tf.compat.v1.train.NanLossDuringTrainingError

@@ -243,7 +243,7 @@ def test_a_run_killed_at_random_moments_leaves_a_loadable_checkpoint_and_resumes
 
     import kill_train_script as script
 
-    from cerebras_tf.trainer_lock import LOCK_FILE
+    from cerebras_tf.run.trainer_lock import LOCK_FILE
 
     model_dir, reference_dir = str(tmp_path / "killed"), str(tmp_path / "uninterrupted")
     script_path = os.path.join(os.path.dirname(__file__), "kill_train_script.py")

@@ -13,7 +13,8 @@ import tensorflow as tf
 
 from estimator import Estimator
 import cerebras_tf
-from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, cs_training, set_default_tf_config
+from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, set_default_tf_config
+from cerebras_tf.run import chief
 from test_executor import _input_fn, _model_fn  # the same small MLP as the executor tests
 
 
@@ -75,13 +76,13 @@ def test_warm_start_from_a_checkpoint_copies_the_trainable_weights(tmp_path, mon
                              config=CSRunConfig(cs_ip="localhost:9000", tf_random_seed=1,
                                                 save_checkpoints_steps=100), params={})
     spy = {}
-    original = cs_training.warm_start_values
+    original = chief.warm_start_values
 
     def recording(settings, program):
         spy.update(original(settings, program))
         return spy
 
-    monkeypatch.setattr(cs_training, "warm_start_values", recording)
+    monkeypatch.setattr(chief, "warm_start_values", recording)
     warm.train(_input_fn, max_steps=1)
     assert set(spy) == {"fc1/kernel", "fc1/bias", "fc2/kernel", "fc2/bias", "logits/kernel", "logits/bias"}
     np.testing.assert_array_equal(spy["fc1/kernel"], source.get_variable_value("fc1/kernel"))

@@ -13,7 +13,8 @@ import tensorflow as tf
 from estimator import ModeKeys
 import cerebras_tf
 import estimator as estimator_api
-from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, cs_training, set_default_tf_config
+from cerebras_tf import CerebrasEstimator, CSEstimatorSpec, CSRunConfig, set_default_tf_config
+from cerebras_tf.run import chief
 from cerebras_tf import ir
 from benchmarks.summaries import read_scalars
 from cerebras_tf.wse.executor import Executor
@@ -137,8 +138,8 @@ def test_validate_only_and_a_full_compile_list_one_program_input_per_dict_entry(
 
 def test_train_evaluate_and_predict_on_the_system_with_dict_features(tmp_path, float32_numerics, monkeypatch):
     counted = []
-    original = cs_training.TrainingSummaries.step_done
-    monkeypatch.setattr(cs_training.TrainingSummaries, "step_done",
+    original = chief.TrainingSummaries.step_done
+    monkeypatch.setattr(chief.TrainingSummaries, "step_done",
                         lambda self, batch_size: (counted.append(batch_size), original(self, batch_size))[1])
     estimator = _estimator(tmp_path)
     estimator.train(train_input_fn, max_steps=12)

@@ -27,10 +27,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cerebras_tf import CerebrasEstimator, CSRunConfig, cs_training, set_default_tf_config, tensorboard
+from cerebras_tf import CerebrasEstimator, CSRunConfig, set_default_tf_config
+from cerebras_tf.run import chief, tensorboard
 from cerebras_tf.compiler import artifact
 from cerebras_tf.errors import ModelDirError, ModelDirWriteError
-from cerebras_tf.trainer_lock import LOCK_FILE
+from cerebras_tf.run.trainer_lock import LOCK_FILE
 from cerebras_tf.write_failures import write_failure
 from cerebras_tf.wse.units import fmt_bytes
 from test_executor import _input_fn, _model_fn  # the same small MLP as the executor tests
@@ -88,7 +89,7 @@ def _estimator(model_dir, compile_dir, **config):
 
 def _fail_save_at(monkeypatch, step, before=None, after=None):
     """Run `before` (or `after`) around CheckpointWriter.save of global step `step`."""
-    save = cs_training.CheckpointWriter.save
+    save = chief.CheckpointWriter.save
 
     def patched(self, executor, at):
         if at == step and before is not None:
@@ -98,7 +99,7 @@ def _fail_save_at(monkeypatch, step, before=None, after=None):
             after(self)
         return path
 
-    monkeypatch.setattr(cs_training.CheckpointWriter, "save", patched)
+    monkeypatch.setattr(chief.CheckpointWriter, "save", patched)
 
 
 def _files(model_dir):
@@ -173,13 +174,13 @@ def test_a_full_disk_while_saving_names_it_and_leaves_the_previous_checkpoint_wh
 def test_a_full_disk_when_the_run_writes_its_graph_names_it(small_disk, tmp_path, monkeypatch):
     model_dir = small_disk / "model"
     estimator = _estimator(model_dir, tmp_path / "compile")
-    write_graph = cs_training.TrainingSummaries.write_graph
+    write_graph = chief.TrainingSummaries.write_graph
 
     def patched(self, graph):
         _fill(small_disk)
         write_graph(self, graph)
 
-    monkeypatch.setattr(cs_training.TrainingSummaries, "write_graph", patched)
+    monkeypatch.setattr(chief.TrainingSummaries, "write_graph", patched)
     with pytest.raises(ModelDirWriteError) as caught:
         estimator.train(_input_fn, max_steps=100)
     error = caught.value

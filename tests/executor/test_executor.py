@@ -13,7 +13,7 @@ from estimator import EstimatorSpec
 from cerebras_tf import CerebrasEstimator, CSRunConfig
 from cerebras_tf.amp import GradScaler, round_to_half
 from cerebras_tf.compiler import initial
-from cerebras_tf.host_kernels_tf import TENSORFLOW_HOST_KERNELS
+from cerebras_tf.run.host_kernels_tf import TENSORFLOW_HOST_KERNELS
 from cerebras_tf.precheck import precheck
 from cerebras_tf.wse.executor import Executor
 from cerebras_tf.wse.kernels import NUMPY_HOST_KERNELS

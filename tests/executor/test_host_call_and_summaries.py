@@ -228,7 +228,7 @@ def test_model_fn_summaries_are_written_like_the_estimator_at_its_summary_steps(
 def test_a_summary_output_missing_on_a_step_is_skipped(tmp_path):
     """An overflow step runs no optimizer kernel: the gradient norm (computed after the unscaled gradients)
     is then missing from the step's outputs, and only that summary is left out."""
-    from cerebras_tf.cs_training import ModelSummaries
+    from cerebras_tf.run.chief import ModelSummaries
 
     program = _cs(_summary_model_fn(), tmp_path).compile(_input_fn).program
     assert program.summaries["train/lr"] == "scalar" and program.summaries["activations/hidden"] == "histogram"

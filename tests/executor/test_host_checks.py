@@ -1,4 +1,4 @@
-"""cerebras_tf.host_checks on a hand-built program: what the host prints and raises after a step."""
+"""cerebras_tf.run.host_checks on a hand-built program: what the host prints and raises after a step."""
 from __future__ import annotations
 
 import logging
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cerebras_tf.host_checks import HostChecks
+from cerebras_tf.run.host_checks import HostChecks
 from tests.ir.conftest import program_with_checks
 
 

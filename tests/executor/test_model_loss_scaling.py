@@ -20,7 +20,8 @@ import pytest
 import tensorflow as tf
 
 from estimator import Estimator, EstimatorSpec, RunConfig
-from cerebras_tf import CerebrasEstimator, CSRunConfig, amp, cs_training, set_default_tf_config
+from cerebras_tf import CerebrasEstimator, CSRunConfig, amp, set_default_tf_config
+from cerebras_tf.run import chief
 from cerebras_tf.compiler import initial
 from cerebras_tf.precheck import precheck
 from cerebras_tf.wse.executor import Executor
@@ -143,7 +144,7 @@ def test_the_model_loss_scale_follows_tensorflow_step_by_step(tmp_path, scale):
     model = precheck(estimator, _input_fn, ModeKeys.TRAIN)
     program = estimator.compile(_input_fn, validate_only=True).program
     assert program.model_loss_scaling and program.loss_scaling is None
-    assert cs_training.grad_scaler_for(program) is None  # no loss scaling of the executor's own on top
+    assert chief.grad_scaler_for(program) is None  # no loss scaling of the executor's own on top
     guarded = [k for k in program.kernels if k.guard is not None]
     assert {k.kind for k in guarded} >= {"apply_momentum", "assign_add_variable"}
     assert next(k for k in guarded if k.vars == [program.global_step]).role == "global_step_update"

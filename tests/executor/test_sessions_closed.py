@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import cerebras_tf
-from cerebras_tf import cs_training
+from cerebras_tf.run import chief
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ class StepFailed(Exception):
 
 def _fail_on_step(monkeypatch, after: int) -> None:
     """Executor.step raises StepFailed once `after` steps have run."""
-    original, calls = cs_training.Executor.step, []
+    original, calls = chief.Executor.step, []
 
     def step(self: Any, *args: Any, **kwargs: Any) -> Any:
         calls.append(1)
@@ -48,7 +48,7 @@ def _fail_on_step(monkeypatch, after: int) -> None:
             raise StepFailed("the wafer stopped")
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(cs_training.Executor, "step", step)
+    monkeypatch.setattr(chief.Executor, "step", step)
 
 
 def test_training_and_evaluation_close_their_sessions(make_estimator, make_model_fn, make_input_fn, sessions):

@@ -12,7 +12,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from cerebras_tf.trainer_lock import LOCK_FILE
+from cerebras_tf.run.trainer_lock import LOCK_FILE
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "kill_train_script.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

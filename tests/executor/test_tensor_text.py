@@ -1,4 +1,5 @@
-"""cerebras_tf.tensor_text writes tensors exactly as TF's kernels do (tf.print's StringFormat, tf.Assert's message)."""
+"""cerebras_tf.run.tensor_text writes tensors exactly as TF's kernels do (tf.print's StringFormat, tf.Assert's
+message)."""
 from __future__ import annotations
 
 import os
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cerebras_tf.tensor_text import summarize_value
+from cerebras_tf.run.tensor_text import summarize_value
 
 _RNG = np.random.default_rng(5)
 VALUES = {

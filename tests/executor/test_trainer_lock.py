@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import cerebras_tf
 from cerebras_tf.errors import TrainerLockError
-from cerebras_tf.trainer_lock import LOCK_FILE
+from cerebras_tf.run.trainer_lock import LOCK_FILE
 
 
 def _write_lock(model_dir: str, pid: int, host: str | None = None) -> str:

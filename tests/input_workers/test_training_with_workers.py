@@ -11,7 +11,8 @@ import tensorflow as tf
 
 from benchmarks.summaries import read_scalars as scalars
 from estimator import Estimator, EstimatorSpec
-from cerebras_tf import CerebrasEstimator, CSRunConfig, cs_training, set_default_tf_config
+from cerebras_tf import CerebrasEstimator, CSRunConfig, set_default_tf_config
+from cerebras_tf.run import chief
 from cerebras_tf.errors import InputWorkerError
 from cerebras_tf.input_workers import Cluster
 from cerebras_tf.input_workers.service import free_port, is_listening
@@ -58,7 +59,7 @@ def at_step(monkeypatch):
                 action()
             return result
 
-    monkeypatch.setattr(cs_training, "Executor", Instrumented)
+    monkeypatch.setattr(chief, "Executor", Instrumented)
     return actions.__setitem__
 
 

@@ -27,7 +27,7 @@ def host_kernels(request, monkeypatch):
     if request.param == "numpy":
         from cerebras_tf.wse.kernels import NUMPY_HOST_KERNELS as provider
     else:
-        from cerebras_tf.host_kernels_tf import TENSORFLOW_HOST_KERNELS as provider
+        from cerebras_tf.run.host_kernels_tf import TENSORFLOW_HOST_KERNELS as provider
     monkeypatch.setattr(kernel_helpers, "HOST_KERNELS", provider)
     return provider
 

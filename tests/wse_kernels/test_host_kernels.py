@@ -15,8 +15,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from cerebras_tf import host_kernels_tf, ir
-from cerebras_tf.host_kernels_tf import TENSORFLOW_HOST_KERNELS as TF_KERNELS
+from cerebras_tf import ir
+from cerebras_tf.run import host_kernels_tf
+from cerebras_tf.run.host_kernels_tf import TENSORFLOW_HOST_KERNELS as TF_KERNELS
 from cerebras_tf.wse.kernels import NUMPY_HOST_KERNELS as NP_KERNELS
 from cerebras_tf.wse.kernels import HostKernels
 

@@ -34,7 +34,7 @@ class KernelInputError(ValueError):
     for sparse softmax cross entropy); the message is TF's, word for word.
 
     The executor sets `kernel` (the IR kernel that raised it: its TF op name and the user's line) on the way
-    out; the host raises TF's own error type for it (cerebras_tf.cs_training).
+    out; the host raises TF's own error type for it (cerebras_tf.run.chief).
     """
 
     kernel: Any = None

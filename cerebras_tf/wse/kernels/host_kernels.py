@@ -7,7 +7,7 @@ casts; float16 arrays upcast), take back a float32 result (products accumulated 
 float32) and cast it back to the input's dtype. A provider is only the arithmetic, so
 it can be swapped for a faster library without touching the numerics: numpy/OpenBLAS
 (`NUMPY_HOST_KERNELS`, the default, here) or TensorFlow's own oneDNN kernels
-(`cerebras_tf.host_kernels_tf`, outside wse/ because it imports TensorFlow).
+(`cerebras_tf.run.host_kernels_tf`, outside wse/ because it imports TensorFlow).
 
 Each callable takes the kernel's operands and attrs exactly as the IR holds them (the
 TF op's attrs, static operands such as input_sizes/filter_sizes among them) and

@@ -26,16 +26,16 @@ from cerebras_tf.amp import GradScaler
 from cerebras_tf import ir, write_failures
 from cerebras_tf.compiler import functions, initial
 from cerebras_tf.compiler.lower import eval_metric_subgraph
-from cerebras_tf.divergence import DivergenceGuard
+from cerebras_tf.run.divergence import DivergenceGuard
 from cerebras_tf.errors import InputWorkerError, RunArgumentError
-from cerebras_tf.host_checks import HostChecks
-from cerebras_tf.host_kernels_tf import system_host_kernels
+from cerebras_tf.run.host_checks import HostChecks
+from cerebras_tf.run.host_kernels_tf import system_host_kernels
 from cerebras_tf.input_workers import InputStream, batch_size
 from cerebras_tf.amp.tf_loss_scaling import STATE_SCOPE as LOSS_SCALE_SCOPE, STATE_VARIABLES
 from cerebras_tf.rules.checkpoint import warm_start_path, warm_started_variables
 from cerebras_tf.settings import CSSettings
-from cerebras_tf.trainer_lock import trainer_lock
-from cerebras_tf.tensorboard import GRAPH_FILE, EventWriter, scalar_summary, write_graph
+from cerebras_tf.run.trainer_lock import trainer_lock
+from cerebras_tf.run.tensorboard import GRAPH_FILE, EventWriter, scalar_summary, write_graph
 from cerebras_tf.wse.executor import Executor, StepResult
 from cerebras_tf.wse.kernels import KernelInputError
 from estimator import CapturedModel, EstimatorBase, ModeKeys

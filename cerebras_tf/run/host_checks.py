@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from cerebras_tf import ir
-from cerebras_tf.tensor_text import summarize_value
+from cerebras_tf.run.tensor_text import summarize_value
 
 _log = tf.compat.v1.logging
 _LOG_STREAMS = {"log(info)": _log.info, "log(warning)": _log.warning, "log(error)": _log.error}
