@@ -44,6 +44,10 @@ except ImportError:  # TF >= 2.16
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TASK_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ps_cluster_task.py")
 MAX_STEPS = 20
+# Asynchronous trainers stop once they see max_steps: each may take a step after another reached it, and its
+# StopAtStepHook reads the global step in the same run as its own increment (unordered, possibly stale), so
+# the last step may pass max_steps by up to two steps per trainer (chief + 2 workers).
+OVERSHOOT = 2 * 3
 TASKS = [("ps", 0), ("chief", 0), ("worker", 0), ("worker", 1), ("evaluator", 0)]
 CLUSTER_TIMEOUT_SECS = 150
 
@@ -170,7 +174,7 @@ def test_a_chief_two_workers_a_ps_and_an_evaluator_train_and_evaluate(runtime_cl
     assert results["chief0"]["saves"] > 0 and results["worker0"]["saves"] == results["worker1"]["saves"] == 0
     model_dir = runtime_cluster["model_dir"]
     final = _final_step(model_dir)
-    assert MAX_STEPS <= final < MAX_STEPS + 3, final  # asynchronous: each trainer stops once it sees max_steps
+    assert MAX_STEPS <= final <= MAX_STEPS + OVERSHOOT, final
     assert os.path.exists(os.path.join(model_dir, f"model.ckpt-{final}.index"))
     # the evaluator evaluated a checkpoint at max_steps, then stopped (the chief's very last save may come after,
     # when a worker stepped on while the chief was stopping: as with tf.estimator)
@@ -230,7 +234,7 @@ def test_same_cluster_structure_as_tf_estimator(runtime_cluster, reference_clust
     assert _layout(runtime_cluster["model_dir"]) == _layout(reference_cluster["model_dir"])
     for run in (runtime_cluster, reference_cluster):
         final = _final_step(run["model_dir"])
-        assert MAX_STEPS <= final < MAX_STEPS + 3
+        assert MAX_STEPS <= final <= MAX_STEPS + OVERSHOOT
         assert MAX_STEPS <= run["tasks"]["evaluator0"]["result"]["evaluated"][-1] <= final
 
 
