@@ -34,7 +34,7 @@ _LAZY = {
 
 __all__ = ["CSEstimatorSpec", "CSRunConfig", "CerebrasError", "CerebrasEstimator", "EstimatorSpec", "ModeKeys",
            "errors", "release_system", "set_default_tf_config"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def __getattr__(name: str) -> Any:

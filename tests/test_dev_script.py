@@ -1,6 +1,6 @@
-"""`./dev`: picks the newest supported Python, keeps one venv per Python version (.venv links to the one in
-use), says which stack it set up and what it installs the first time, nothing when nothing changed, and refuses
-or rebuilds what it cannot use.
+"""`./dev`: picks the newest supported Python, keeps one venv per stack (Python version, and TensorFlow version when
+it is not that Python's newest; .venv links to the one in use), installs the stack's lock file, says which stack it
+set up and what it installs the first time, nothing when nothing changed, and refuses or rebuilds what it cannot use.
 
 Runs the real script on a copy of the project files with stand-in interpreters that answer version queries,
 make a "venv" holding a copy of themselves, and record the rest of their arguments instead of installing.
@@ -39,14 +39,18 @@ def _project(tmp_path):
     project.mkdir(parents=True)
     for name in ("dev", "pyproject.toml", "setup.cfg"):
         shutil.copy2(os.path.join(ROOT, name), project / name)
+    shutil.copytree(os.path.join(ROOT, "constraints"), project / "constraints")
     return project
 
 
-def _dev(project, *args, python=None, path=None) -> subprocess.CompletedProcess:
+def _dev(project, *args, python=None, path=None, tf=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "HOME": str(project.parent / "home")}  # no pyenv versions there
     env.pop("PYTHON", None)
+    env.pop("TF", None)
     if python is not None:
         env["PYTHON"] = python
+    if tf is not None:
+        env["TF"] = tf
     if path is not None:
         env["PATH"] = path
     return subprocess.run(["bash", str(project / "dev"), *(args or ("setup",))], capture_output=True, text=True,
@@ -65,10 +69,11 @@ def test_first_setup_says_which_stack_and_what_it_installs_and_shows_pips_output
     assert done.stdout == ""  # setup talks on stderr: stdout stays the command's own
     assert "./dev: creating .venv-3.12 with Python 3.12.0" in done.stderr
     assert "TensorFlow 2.21.0 + tf-keras stack" in done.stderr
-    assert "./dev: installing cerebras-tf and its pinned dependencies" in done.stderr and "2 GB" in done.stderr
+    assert "./dev: installing cerebras-tf and its locked dependencies" in done.stderr and "2 GB" in done.stderr
     install = [call for call in _calls(project, ".venv-3.12") if "-e .[test,examples,lint]" in call]
-    assert install == ["-m pip install -e .[test,examples,lint]"]  # no --quiet: pip's progress shows
-    assert "pip output for: -m pip install -e" in done.stderr
+    # the stack's lock file holds the exact versions; no --quiet: pip's progress shows
+    assert install == ["-m pip install -c constraints/py3.12-tf2.21.txt -e .[test,examples,lint]"]
+    assert "pip output for: -m pip install -c constraints/py3.12-tf2.21.txt -e" in done.stderr
     assert "./dev: .venv-3.12 (Python 3.12, TensorFlow 2.21.0 + tf-keras) is ready" in done.stderr
     assert os.readlink(project / ".venv") == ".venv-3.12"
 
@@ -84,8 +89,50 @@ def test_setup_is_silent_when_nothing_changed_and_says_so_when_the_pins_change(t
     with open(project / "setup.cfg", "a", encoding="utf-8") as handle:
         handle.write("\n# changed\n")
     changed = _dev(project, python=python)
-    assert "./dev: pyproject.toml or setup.cfg changed: updating the packages in .venv-3.11" in changed.stderr
+    assert ("./dev: pyproject.toml, setup.cfg or constraints/py3.11-tf2.15.txt changed: updating the packages in "
+            ".venv-3.11") in changed.stderr
     assert len(_calls(project, ".venv-3.11")) == calls + 2
+    with open(project / "constraints" / "py3.11-tf2.15.txt", "a", encoding="utf-8") as handle:
+        handle.write("# relocked\n")
+    assert "updating the packages in .venv-3.11" in _dev(project, python=python).stderr
+    assert len(_calls(project, ".venv-3.11")) == calls + 4
+
+
+def test_tf_chooses_a_stack_of_the_python_with_its_own_venv_and_lock(tmp_path):
+    project = _project(tmp_path)
+    python = _fake_python(tmp_path / "bin" / "python3.12", "3.12")
+    done = _dev(project, python=python, tf="2.16")
+    assert done.returncode == 0, done.stderr
+    assert "creating .venv-3.12-tf2.16 with Python 3.12.0" in done.stderr
+    assert "the TensorFlow 2.16.2 + tf-keras stack" in done.stderr
+    assert os.readlink(project / ".venv") == ".venv-3.12-tf2.16"
+    install = [call for call in _calls(project, ".venv-3.12-tf2.16") if "-e .[test,examples,lint]" in call]
+    assert install == ["-m pip install -c constraints/py3.12-tf2.16.txt -e .[test,examples,lint]"]
+    newest = _dev(project, python=python, tf="2.21")  # the Python's newest TF is its plain venv
+    assert "creating .venv-3.12 with" in newest.stderr and os.readlink(project / ".venv") == ".venv-3.12"
+    assert not (project / ".venv-3.12-tf2.21").exists()
+
+
+def test_a_tf_without_a_stack_is_refused_naming_the_ones_there_are(tmp_path):
+    project = _project(tmp_path)
+    python = _fake_python(tmp_path / "bin" / "python3.13", "3.13")
+    done = _dev(project, python=python, tf="2.16")
+    assert done.returncode == 2
+    assert ("./dev: no Python 3.13 stack with TensorFlow 2.16 (constraints/py3.13-tf2.16.txt); "
+            "Python 3.13 has: TF=2.21") in done.stderr
+    assert not list(project.glob(".venv*"))
+    bad = _dev(project, python=python, tf="2.16.2")
+    assert bad.returncode == 2 and "TF=2.16.2: give a TensorFlow version as major.minor, e.g. TF=2.16" in bad.stderr
+
+
+def test_tf_without_python_picks_the_newest_python_that_has_that_stack(tmp_path):
+    project = _project(tmp_path)
+    bin_dir = tmp_path / "bin"
+    _fake_python(bin_dir / "python3.13", "3.13")
+    _fake_python(bin_dir / "python3.12", "3.12")
+    done = _dev(project, path=f"{bin_dir}:/usr/bin:/bin", tf="2.16")
+    assert done.returncode == 0, done.stderr
+    assert os.readlink(project / ".venv") == ".venv-3.12-tf2.16"
 
 
 def test_one_venv_per_python_and_dot_venv_follows_the_one_in_use(tmp_path):

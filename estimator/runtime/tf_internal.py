@@ -1,7 +1,9 @@
 """The few TensorFlow internals the runtime needs, in one place.
 
 Everything else in the runtime uses tf / tf.compat.v1. These have no
-public equivalent and exist unchanged from TF 2.15 to 2.21:
+public equivalent and exist unchanged from TF 2.15 to 2.21 (CI runs the
+suite on 2.15, 2.16 and 2.21): whatever comes to differ between the
+TensorFlow versions the runtime supports belongs here.
 
 - the global step "read" tensor Estimator graphs create right after the
   global step (model_fn ops are built after it, so op-level random seeds
