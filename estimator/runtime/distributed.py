@@ -228,18 +228,26 @@ def train_model(estimator: "Estimator", input_fn: Callable[..., Any], hooks: lis
     return _train_with_strategy(estimator, config._train_distribute, input_fn, hooks, saving_listeners)
 
 
-def _train_with_coordinator(estimator: "Estimator", input_fn: Callable[..., Any], hooks: list[Any],
-                            saving_listeners: list[Any]) -> "Estimator":
-    """Estimator.train on a remote cluster (STANDALONE_CLIENT, in-graph strategies); refused otherwise."""
-    config = estimator._config
+def _standalone_client_cluster(config: "RunConfig", strategy: Any, api: str, called_as: str) -> Any:
+    """The coordinator's cluster for Estimator.train/.evaluate (`api`), refused as tf.estimator refuses it:
+    with an evaluator job, outside STANDALONE_CLIENT mode (its message names the call `called_as`), or with a
+    between-graph strategy."""
     cluster_spec = tf_internal.normalize_cluster_spec(config.cluster_spec)
     if cluster.TaskType.EVALUATOR in cluster_spec.jobs:
         raise ValueError("'evaluator' job is not supported if you don't use `train_and_evaluate`")
     if coordinator_mode(config) != tf_internal.STANDALONE_CLIENT:
-        raise ValueError("Only `STANDALONE_CLIENT` mode is supported when you call `estimator.train`")
-    if config._train_distribute.extended.experimental_between_graph:
-        raise ValueError(f"`Estimator.train` API is not supported for {config._train_distribute.__class__.__name__} "
-                         "with `STANDALONE_CLIENT` mode.")
+        raise ValueError(f"Only `STANDALONE_CLIENT` mode is supported when you call `{called_as}`")
+    if strategy.extended.experimental_between_graph:
+        raise ValueError(f"`{api}` API is not supported for {strategy.__class__.__name__} with `STANDALONE_CLIENT` "
+                         "mode.")
+    return cluster_spec
+
+
+def _train_with_coordinator(estimator: "Estimator", input_fn: Callable[..., Any], hooks: list[Any],
+                            saving_listeners: list[Any]) -> "Estimator":
+    """Estimator.train on a remote cluster (STANDALONE_CLIENT, in-graph strategies); refused otherwise."""
+    config = estimator._config
+    cluster_spec = _standalone_client_cluster(config, config._train_distribute, "Estimator.train", "estimator.train")
 
     def worker_fn(strategy: Any) -> "Estimator":
         local = _task_estimator(estimator, strategy, train=True)
@@ -368,14 +376,8 @@ def _evaluate_with_coordinator(estimator: "Estimator", input_fn: Callable[..., A
                                checkpoint_path: str | None, output_dir: str) -> Any:
     """Estimator.evaluate on a remote cluster (STANDALONE_CLIENT, in-graph strategies); refused otherwise."""
     config = estimator._config
-    cluster_spec = tf_internal.normalize_cluster_spec(config.cluster_spec)
-    if cluster.TaskType.EVALUATOR in cluster_spec.jobs:
-        raise ValueError("'evaluator' job is not supported if you don't use `train_and_evaluate`")
-    if coordinator_mode(config) != tf_internal.STANDALONE_CLIENT:
-        raise ValueError("Only `STANDALONE_CLIENT` mode is supported when you call `Estimator.evaluate`")
-    if config._eval_distribute.extended.experimental_between_graph:
-        raise ValueError(f"`Estimator.evaluate` API is not supported for "
-                         f"{config._eval_distribute.__class__.__name__} with `STANDALONE_CLIENT` mode.")
+    cluster_spec = _standalone_client_cluster(config, config._eval_distribute, "Estimator.evaluate",
+                                              "Estimator.evaluate")
 
     def worker_fn(strategy: Any) -> dict[str, Any]:
         local = _task_estimator(estimator, strategy, train=False)

@@ -175,7 +175,7 @@ def run_collective_training(estimator: "Estimator", spec: EstimatorSpec, worker_
     if saving_listeners:
         raise ValueError("Saving listenor is not supported by the current Distribution Strategies.")
     config = estimator._config  # not a deep copy: a MultiWorkerMirroredStrategy may refuse to be copied
-    session = tf.compat.v1.train.MonitoredTrainingSession(
+    session = tf_internal.monitored_training_session(
             master=config.master,
             is_chief=config.is_chief,
             checkpoint_dir=estimator.model_dir,
