@@ -210,7 +210,6 @@ TENSORFLOW_HOST_KERNELS = HostKernels(
     depthwise_conv2d=depthwise_conv2d,
     depthwise_conv2d_backprop_input=depthwise_conv2d_backprop_input,
     depthwise_conv2d_backprop_filter=depthwise_conv2d_backprop_filter,
-    concurrent=True,  # TF's kernels run independent ops at once in its own executor
 )
 
 PROVIDERS = {p.name: p for p in (NUMPY_HOST_KERNELS, TENSORFLOW_HOST_KERNELS)}

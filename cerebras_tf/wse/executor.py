@@ -28,37 +28,28 @@ accumulate in float32; weights and updates stay float32. With the half dtype
 set to "float32" (`cerebras_tf.amp.set_half_dtype("float32")`) nothing is
 rounded and a run matches TensorFlow on CPU step by step. The dense arithmetic
 (matmul, convolutions and their gradients) comes from `host_kernels`, a provider
-the caller may hand in (numpy/OpenBLAS by default; kernels/host_kernels.py); with a
-`concurrent` provider two neighbouring independent dense kernels run at once. A relu that
-is the only reader of a bias_add's or fused_batch_norm's output runs fused into it, as does
-a relu_grad into the max_pool_grad before it: one pass, the same bits (wse/fusion.py).
+the caller may hand in (numpy/OpenBLAS by default; kernels/host_kernels.py). Within a phase,
+kernels whose inputs are ready run at once on the host's threads (wse/dataflow.py: the same bits
+as one at a time, in program order, which CEREBRAS_TF_EXECUTOR_THREADS=1 or `threads=1` selects).
+A relu that is the only reader of a bias_add's or fused_batch_norm's output runs fused into it, as
+does a relu_grad into the max_pool_grad before it: one pass, the same bits (wse/fusion.py).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from cerebras_tf.amp import FLOAT32_MODE, GradScaler, get_half_dtype
 from cerebras_tf import ir
+from cerebras_tf.wse import dataflow, threads
 from cerebras_tf.wse.fusion import fused_pairs
 from cerebras_tf.wse.kernels import KERNELS, NUMPY_HOST_KERNELS, HostKernels, KernelContext, KernelInputError, np_dtype
 from cerebras_tf.wse.kernels.fused import FUSED
 from cerebras_tf.wse.kernels.half import round_half
 
-# The kinds whose arithmetic comes from the host-kernel provider.
-_PROVIDED = frozenset(f.name for f in dataclasses.fields(HostKernels)) - {"name", "concurrent"}
-_beside_pool: ThreadPoolExecutor | None = None
-
-
-def _beside() -> ThreadPoolExecutor:
-    """The thread that runs a paired dense kernel beside the executor's own."""
-    global _beside_pool
-    if _beside_pool is None:
-        _beside_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wse-beside")
-    return _beside_pool
 
 
 # Kinds whose output may be a view of (or the same array as) an input.
@@ -87,9 +78,7 @@ class _Planned:
     kernel: ir.Kernel
     fn: Callable[[list[np.ndarray], Mapping, KernelContext], list[np.ndarray]]
     ctx: KernelContext
-    frees: list[int]  # tensors this kernel reads last: dropped after it runs
     writes: bool  # writes variables (skipped on a non-finite step with a GradScaler)
-    with_next: bool = False  # runs while the next kernel runs on another thread (HostKernels.concurrent)
     tail: ir.Kernel | None = None  # fused into this one (wse/fusion.py): its output replaces kernel's first
 
     @property
@@ -98,6 +87,14 @@ class _Planned:
         if self.tail is None:
             return self.kernel.outputs
         return [self.tail.outputs[0], *self.kernel.outputs[1:]]
+
+    @property
+    def reads(self) -> list[int]:
+        """Every tensor the unit reads (each once): the kernel's and its tail's, but not what passes between."""
+        if self.tail is None:
+            return list(dict.fromkeys(self.kernel.reads))
+        inner = self.kernel.outputs[0]
+        return list(dict.fromkeys([*self.kernel.reads, *(t for t in self.tail.reads if t != inner)]))
 
 
 def _average(arrays: list[np.ndarray]) -> np.ndarray:
@@ -125,11 +122,12 @@ def _read_shared(inputs: list[np.ndarray], attrs: Mapping, ctx: KernelContext) -
 
 class Executor:
     """Runs `program` on numpy arrays; `variables` maps every program variable name to its value.
-    `host_kernels` provides the dense arithmetic (numpy/OpenBLAS when None)."""
+    `host_kernels` provides the dense arithmetic (numpy/OpenBLAS when None); `threads`: how many kernels
+    may run at once (dataflow.executor_threads() when None; 1: one at a time, in program order)."""
 
     def __init__(self, program: ir.Program, variables: Mapping[str, np.ndarray],
                  grad_scaler: GradScaler | None = None, half_dtype: str | None = None,
-                 host_kernels: HostKernels | None = None) -> None:
+                 host_kernels: HostKernels | None = None, threads: int | None = None) -> None:
         missing = [v.name for v in program.variables if v.name not in variables]
         if missing:
             raise ValueError(f"no value for program variables {missing}")
@@ -147,9 +145,11 @@ class Executor:
         self._keep = set(program.outputs.values()) | set(program.gradients)
         self._readers = self._readers_of()
         self._last_use = {tid: ids[-1] for tid, ids in self._readers.items()}  # readers are in program order
-        self._shared_reads = self._reads_without_copy()
+        self._shared_reads, self._views = self._reads_without_copy()
         self._scale: float | None = None
+        self.threads = threads if threads is not None else dataflow.executor_threads()
         self._plans = tuple(self._plan(kernels) for kernels in self._phases)
+        self._schedules = tuple(self._schedule(plan) for plan in self._plans)
 
     # ---- public -------------------------------------------------------------------
     def variables(self) -> dict[str, np.ndarray]:
@@ -179,7 +179,7 @@ class Executor:
         # non-finite values are the GradScaler's (or the model's own loss scaling's) to handle; the untaken
         # branch of an if-converted tf.cond may compute anything
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            self._run(self._plans[0], values, step, scale)
+            self._run(0, values, step, scale)
             finite = self._update(values, step, scale)
         outputs = {key: values[tid] for key, tid in self.program.outputs.items()}
         return StepResult(outputs=outputs, finite=finite, loss_scale=scale)
@@ -219,7 +219,7 @@ class Executor:
                     self._variables[name][...] = before[name]
                 values: dict[int, np.ndarray] = dict(self._constants)
                 values.update(self._bind_inputs(features, labels))
-                self._run(self._plans[0], values, step, scale)
+                self._run(0, values, step, scale)
                 runs.append(values)
                 after.append({name: self._variables[name].copy() for name in written})
             for name in written:
@@ -242,10 +242,10 @@ class Executor:
         finite = True
         if self._plans[1]:
             finite = self._unscale_and_check(values)
-            self._run(self._plans[1], values, step, scale, skip_writes=not finite)
+            self._run(1, values, step, scale, skip_writes=not finite)
             if self.grad_scaler is not None:
                 self.grad_scaler.update(finite)
-        self._run(self._plans[2], values, step, scale)
+        self._run(2, values, step, scale)
         return finite
 
     def _bind_inputs(self, features: Any, labels: Any) -> dict[int, np.ndarray]:
@@ -270,11 +270,10 @@ class Executor:
         return array
 
     def _plan(self, kernels: list[ir.Kernel]) -> list[_Planned]:
-        """Resolve each kernel once: its function, context, and the tensors it is the last to read."""
+        """Resolve each kernel (or fused pair) of a phase once: its function and context."""
         planned = []
         pairs = fused_pairs(kernels, self._readers, self._keep)
         tails = {tail.id for tail in pairs.values()}
-        position = {k.id: i for i, k in enumerate(kernels)}
         for kernel in kernels:
             if kernel.id in tails:
                 continue
@@ -290,59 +289,49 @@ class Executor:
                 fn = KERNELS[kernel.kind]
             ctx = KernelContext(variables=[self._variables[name] for name in kernel.vars], salt=kernel.id,
                                 host_kernels=self.host_kernels)
-            frees = list(dict.fromkeys(t for t in kernel.reads
-                                       if self._last_use.get(t) == kernel.id and t not in self._keep))
-            if tail is not None:  # what the tail read last, unless a kernel between the two reads it too
-                frees += [t for t in dict.fromkeys(tail.reads[1:]) if self._last_use.get(t) == tail.id
-                          and t not in self._keep and t not in frees
-                          and all(r in (kernel.id, tail.id) or position.get(r, -1) < position[kernel.id]
-                                  for r in self._readers[t])]
             writes = bool(kernel.vars) and kernel.kind not in ir.READS_VARIABLES
-            planned.append(_Planned(kernel, fn, ctx, frees, writes, tail=tail))
-        if self.host_kernels.concurrent:
-            self._pair_dense_kernels(planned)
+            planned.append(_Planned(kernel, fn, ctx, writes, tail=tail))
         return planned
 
-    @staticmethod
-    def _pair_dense_kernels(planned: list[_Planned]) -> None:
-        """Mark each kernel that may run beside the next one: two neighbouring dense kernels (e.g. a
-        convolution's input and filter gradients) where the second reads nothing the first makes, neither
-        writes a variable nor has a guard. TF's executor runs such independent ops at once too."""
-        i = 0
-        while i + 1 < len(planned):
-            a, b = planned[i], planned[i + 1]
-            if (a.kernel.kind in _PROVIDED and b.kernel.kind in _PROVIDED and not (a.writes or b.writes)
-                    and a.kernel.guard is None and b.kernel.guard is None
-                    and not set(a.outputs) & set(b.kernel.reads)):
-                a.with_next = True
-                i += 2
-            else:
-                i += 1
+    def _schedule(self, plan: list[_Planned]) -> dataflow.Schedule:
+        """The phase's dependency graph (wse/dataflow.py): what each unit reads, writes and may refuse."""
+        ids = {k.id for p in plan for k in (p.kernel, p.tail) if k is not None}
+        units = []
+        for p in plan:
+            reads = p.reads
+            var_reads = {name for t in reads for name in self._views.get(t, ())}
+            if p.kernel.kind in ir.READS_VARIABLES:
+                var_reads.update(p.kernel.vars)
+            units.append(dataflow.Access(
+                reads=reads, outputs=p.outputs, reads_vars=var_reads,
+                writes_vars=p.kernel.vars if p.writes else (),
+                checks_input=p.kernel.kind in ir.CHECKS_INPUT))
+        droppable = {t for p in plan for t in p.reads if self._last_use.get(t) in ids and t not in self._keep}
+        return dataflow.Schedule.build(units, droppable)
 
-    def _run(self, plan: list[_Planned], values: dict[int, np.ndarray], step: int, scale: float | None,
+    def _run(self, phase: int, values: dict[int, np.ndarray], step: int, scale: float | None,
              skip_writes: bool = False) -> None:
+        """Run a phase's units on `values`: each unit's outputs stored, each tensor dropped after its last
+        reader; a unit that writes variables is skipped with `skip_writes`, a guarded one when its guard is
+        False."""
         self._scale = scale
-        i = 0
-        while i < len(plan):
-            p = plan[i]
-            if p.with_next:  # p and the next (unguarded, non-writing) run at once: the next on another thread
-                q = plan[i + 1]
-                beside = _beside().submit(self._call, q, [values[t] for t in q.kernel.inputs], step)
-                try:
-                    self._store(p, self._call(p, [values[t] for t in p.kernel.inputs], step), values)
-                finally:
-                    outputs = beside.result()
-                self._store(q, outputs, values)
-                i += 2
-                continue
+        plan = self._plans[phase]
+
+        def compute(index: int) -> list[np.ndarray]:
+            p = plan[index]
             guard, check = p.kernel.guard, p.kernel.check_guard
-            if not (skip_writes and p.writes) and (guard is None or bool(values[guard])):
-                if check is not None:
-                    p.ctx.check = bool(values[check])
-                self._store(p, self._call(p, [values[t] for t in p.kernel.inputs], step), values)
-            else:
-                self._store(p, [], values)
-            i += 1
+            if (skip_writes and p.writes) or (guard is not None and not bool(values[guard])):
+                return []
+            if check is not None:
+                p.ctx.check = bool(values[check])
+            return self._call(p, [values[t] for t in p.kernel.inputs], step)
+
+        def complete(index: int, outputs: list[np.ndarray]) -> None:
+            for tid, value in zip(plan[index].outputs, outputs):
+                values[tid] = value
+
+        with threads.one_blas_thread() if self.threads > 1 else contextlib.nullcontext():
+            dataflow.run(self._schedules[phase], compute, complete, values.__delitem__, self.threads)
 
     @staticmethod
     def _call(p: _Planned, inputs: list[np.ndarray], step: int) -> list[np.ndarray]:
@@ -352,14 +341,6 @@ class Executor:
         except KernelInputError as error:  # TF's CPU kernel refuses this input: say which kernel
             error.kernel = p.kernel
             raise
-
-    @staticmethod
-    def _store(p: _Planned, outputs: list[np.ndarray], values: dict[int, np.ndarray]) -> None:
-        """p's outputs into `values`, then drop the tensors p read last."""
-        for tid, value in zip(p.outputs, outputs):
-            values[tid] = value
-        for tid in p.frees:
-            del values[tid]
 
     def _gradient_seed(self, inputs: list[np.ndarray], attrs: Mapping, ctx: KernelContext) -> list[np.ndarray]:
         out = self.program.tensors[self.program.kernels[ctx.salt].outputs[0]]
@@ -372,9 +353,10 @@ class Executor:
             return [x]
         return [round_half(x, self.half_dtype)]
 
-    def _reads_without_copy(self) -> set[int]:
+    def _reads_without_copy(self) -> tuple[set[int], dict[int, set[str]]]:
         """read_variable kernels whose value (or a view of it) no kernel uses after the variable is
-        next written, and which is not streamed out: they hand out the variable's array itself."""
+        next written, and which is not streamed out: they hand out the variable's array itself. Also
+        each tensor that may view such a variable's array -> the variables (a kernel reading it reads them)."""
         order = [k for phase in self._phases for k in phase]
         position = {k.id: i for i, k in enumerate(order)}
         writes: dict[str, list[int]] = {}
@@ -391,7 +373,8 @@ class Executor:
             if k.kind in _MAY_ALIAS:
                 for t in k.inputs:
                     aliases.setdefault(t, []).extend(k.outputs)
-        shared = set()
+        shared: set[int] = set()
+        views_of: dict[int, set[str]] = {}
         for k in order:
             if k.kind != "read_variable":
                 continue
@@ -407,7 +390,9 @@ class Executor:
             last_read = max((p for t in views for p in consumers.get(t, [])), default=position[k.id])
             if not later_writes or last_read < min(later_writes):
                 shared.add(k.id)
-        return shared
+                for t in views:
+                    views_of.setdefault(t, set()).add(k.vars[0])
+        return shared, views_of
 
     def _unscale_and_check(self, values: dict[int, np.ndarray]) -> bool:
         if self.grad_scaler is None:

@@ -4,13 +4,16 @@ TensorFlow runs its elementwise kernels on an intra-op thread pool; the
 simulator does the same for the few memory-bound passes that dominate a step
 (half-precision rounding, fused optimizer updates). Results are identical to
 a single-threaded run: every element is computed by the same ufuncs, only in
-disjoint slices.
+disjoint slices. While the executor runs kernels side by side (wse/dataflow.py),
+no kernel splits: each of its threads already keeps a core busy.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -23,6 +26,7 @@ MIN_ELEMENTS_PER_THREAD = 1 << 16  # below this, the thread hand-off costs more 
 STREAMING_MIN_ELEMENTS_PER_THREAD = 1 << 24
 
 _pool: ThreadPoolExecutor | None = None
+_beside = 0  # kernels the executor runs beside the one that started last
 
 
 def host_threads() -> int:
@@ -33,10 +37,49 @@ def host_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+_blas_lock = threading.Lock()
+_blas_users = 0
+_blas_restore: list[tuple[Any, int]] = []
+_blas_libraries: list[Any] | None = None
+
+
+@contextlib.contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """OpenBLAS (numpy's, scipy's: every BLAS threadpoolctl finds) on one thread within the block, restored
+    after the last of any overlapping blocks. The executor's threads run dense kernels side by side; OpenBLAS's
+    own threads spin on the cores for a while after each call, taking them from the executor's threads."""
+    global _blas_users, _blas_libraries
+    with _blas_lock:
+        if _blas_libraries is None:
+            import threadpoolctl
+            _blas_libraries = list(threadpoolctl.ThreadpoolController().select(user_api="blas").lib_controllers)
+        if _blas_users == 0:
+            _blas_restore[:] = [(lib, lib.get_num_threads()) for lib in _blas_libraries]
+            for lib in _blas_libraries:
+                lib.set_num_threads(1)
+        _blas_users += 1
+    try:
+        yield
+    finally:
+        with _blas_lock:
+            _blas_users -= 1
+            if _blas_users == 0:
+                for lib, count in _blas_restore:
+                    lib.set_num_threads(count)
+
+
+def kernels_beside(count: int) -> None:
+    """The executor says how many other kernels run beside the one it starts now (wse/dataflow.py)."""
+    global _beside
+    _beside = count
+
+
 def split_range(size: int, work: Callable[[int, int], None], min_per_thread: int = MIN_ELEMENTS_PER_THREAD) -> None:
     """Call `work(lo, hi)` over disjoint slices covering range(size), in parallel when `size` is at least
-    `min_per_thread` per thread."""
+    `min_per_thread` per thread and no other kernel runs beside this one."""
     parts = min(host_threads(), size // min_per_thread)
+    if parts > 1 and _beside:
+        parts = 1
     if parts <= 1:
         work(0, size)
         return

@@ -27,8 +27,8 @@ DenseKernel = Callable[[Sequence[np.ndarray], Mapping[str, Any]], np.ndarray]
 
 @dataclasses.dataclass(frozen=True)
 class HostKernels:
-    """One provider of the dense kernels; `name` is what the log and the benchmarks show. `concurrent`: two
-    independent calls may run at once on two threads (the executor then pairs neighbouring dense kernels)."""
+    """One provider of the dense kernels; `name` is what the log and the benchmarks show. Its callables may run
+    on several threads at once (the executor runs independent kernels side by side)."""
 
     name: str
     matmul: DenseKernel
@@ -39,7 +39,6 @@ class HostKernels:
     depthwise_conv2d: DenseKernel
     depthwise_conv2d_backprop_input: DenseKernel
     depthwise_conv2d_backprop_filter: DenseKernel
-    concurrent: bool = False
 
 
 NUMPY_HOST_KERNELS = HostKernels(

@@ -1,0 +1,262 @@
+"""Running one phase's kernels as their inputs become ready: on the executor's thread and on helper threads.
+
+TensorFlow's executor runs independent ops at once; so does this one, as the
+wafer runs every layer at once. `Schedule.build` turns a phase's units (a
+kernel, or kernels the executor fused into one) into a dependency graph, once,
+at plan time:
+
+- data: a unit waits for the units that produce the tensors it reads;
+- variables: a unit that writes a variable waits for every earlier unit that
+  reads or writes it (a unit that reads a view of a variable's array, which a
+  shared read_variable hands out, counts as reading the variable), and a unit
+  that reads one waits for its last earlier writer: every variable sees its
+  reads and writes in program order;
+- errors: a unit that writes variables waits for every earlier unit that may
+  refuse its input (vocabulary.CHECKS_INPUT), so a refused batch leaves the
+  variables as the kernels before the refusing one left them, as running one
+  kernel at a time does.
+
+`run` has the caller's thread and helper threads each take the ready unit
+that comes first in program order (so memory stays near that of running one
+at a time), run it, and settle it under one lock. Each unit computes what it
+would one at a time: results are bit-identical whatever the schedule, and the
+same from run to run. A tensor is dropped when every unit of the phase that
+reads it has finished (its last use is in this phase and it is not kept).
+The cores are not oversubscribed: a kernel started beside another does not
+split its work (threads.split_range), and OpenBLAS runs on one thread while
+the executor runs on several (threads.one_blas_thread: its idle threads
+would otherwise spin on the cores the executor's threads need). A unit that
+raises stops the start of every later unit; the units before it finish, and
+the error of the first in program order is raised.
+"""
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import os
+import queue
+import threading
+from typing import Any, Callable, Collection, Sequence
+
+import numpy as np
+
+from cerebras_tf.wse import threads
+
+ENV_VAR = "CEREBRAS_TF_EXECUTOR_THREADS"
+
+
+def executor_threads() -> int:
+    """Threads the executor runs kernels on: CEREBRAS_TF_EXECUTOR_THREADS, else every core this process may use
+    (1: one kernel at a time, in program order)."""
+    value = os.environ.get(ENV_VAR, "").strip()
+    if value:
+        try:
+            count = int(value)
+        except ValueError:
+            raise ValueError(f"{ENV_VAR}={value!r} is not a whole number of threads (e.g. 1 runs one kernel at "
+                             "a time)") from None
+        if count < 1:
+            raise ValueError(f"{ENV_VAR}={value!r}: the executor needs at least 1 thread")
+        return count
+    return threads.host_threads()
+
+
+@dataclasses.dataclass(frozen=True)
+class Access:
+    """What one unit touches, for its place in the dependency graph."""
+
+    reads: Sequence[int]  # tensor ids (each once)
+    outputs: Sequence[int]
+    reads_vars: Collection[str] = ()
+    writes_vars: Collection[str] = ()
+    checks_input: bool = False  # may raise KernelInputError
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """One phase's dependency graph, over unit indices in program order."""
+
+    waits: tuple[int, ...]  # how many units each waits for
+    dependents: tuple[tuple[int, ...], ...]  # the units waiting for each
+    releases: tuple[tuple[int, ...], ...]  # tensors whose reader count each unit lowers when it finishes
+    readers: dict[int, int]  # tensor -> units of the phase that read it (dropped when all have finished)
+
+    @classmethod
+    def build(cls, units: Sequence[Access], droppable: Collection[int]) -> "Schedule":
+        """The graph of `units` (one phase, in program order); `droppable`: tensors whose last use is in
+        this phase and which are not kept (dropped once their readers here have finished)."""
+        producer: dict[int, int] = {}
+        last_write: dict[str, int] = {}
+        reads_since: dict[str, list[int]] = {}
+        checkers: list[int] = []
+        before: list[set[int]] = []
+        for i, unit in enumerate(units):
+            waits_for = {producer[t] for t in unit.reads if t in producer}
+            for name in unit.reads_vars:
+                if name in last_write:
+                    waits_for.add(last_write[name])
+                reads_since.setdefault(name, []).append(i)
+            for name in unit.writes_vars:
+                if name in last_write:
+                    waits_for.add(last_write[name])
+                waits_for.update(reads_since.pop(name, ()))
+                last_write[name] = i
+            if unit.writes_vars:
+                waits_for.update(checkers)
+            if unit.checks_input:
+                checkers.append(i)
+            waits_for.discard(i)
+            before.append(waits_for)
+            for t in unit.outputs:
+                producer[t] = i
+        dependents: list[list[int]] = [[] for _ in units]
+        for i, waits_for in enumerate(before):
+            for j in waits_for:
+                dependents[j].append(i)
+        readers: dict[int, int] = {}
+        releases = []
+        for unit in units:
+            mine = tuple(t for t in unit.reads if t in droppable)
+            for t in mine:
+                readers[t] = readers.get(t, 0) + 1
+            releases.append(mine)
+        return cls(waits=tuple(len(w) for w in before), dependents=tuple(tuple(d) for d in dependents),
+                   releases=tuple(releases), readers=readers)
+
+
+class _Failed:
+    """A unit's exception, carried back from the thread that ran it."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+_jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+_helpers: list[threading.Thread] = []
+_helpers_lock = threading.Lock()
+
+
+def _helper_loop() -> None:
+    while True:
+        _jobs.get()()
+
+
+def _ensure_helpers(count: int) -> None:
+    with _helpers_lock:
+        while len(_helpers) < count:
+            thread = threading.Thread(target=_helper_loop, name=f"wse-kernels-{len(_helpers) + 1}", daemon=True)
+            thread.start()
+            _helpers.append(thread)
+
+
+class _Run:
+    """One run of a schedule: the ready units and what is running, shared by the threads under one lock."""
+
+    def __init__(self, schedule: Schedule, compute: Callable[[int], Any], complete: Callable[[int, Any], None],
+                 drop: Callable[[int], None]) -> None:
+        self.schedule, self.compute, self.complete, self.drop = schedule, compute, complete, drop
+        self.waits = list(schedule.waits)
+        self.left = dict(schedule.readers)
+        self.ready = [i for i, count in enumerate(self.waits) if count == 0]
+        heapq.heapify(self.ready)
+        self.lock = threading.Condition(threading.Lock())
+        self.running = 0
+        self.idle = 0  # threads waiting for a unit
+        self.stop_at = len(self.waits)  # after an error: units from here on are not started
+        self.errors: dict[int, BaseException] = {}
+        self.broken: BaseException | None = None  # what stopped a thread outside any unit
+
+    def work(self) -> None:
+        """Take ready units, first in program order first, and run them until none is left or can come."""
+        index, result = -1, None
+        try:
+            while True:
+                with self.lock:
+                    if index >= 0:
+                        self.running -= 1
+                        self._settle(index, result)
+                    index = self._take()
+                    if index < 0:
+                        return
+                    self.running += 1
+                    threads.kernels_beside(self.running - 1)
+                try:
+                    result = self.compute(index)
+                except Exception as error:  # noqa: BLE001 - raised by `run`, after the earlier units have finished
+                    result = _Failed(error)
+        except BaseException as error:  # e.g. KeyboardInterrupt, or a bug in complete/drop: start nothing more
+            self.broken = self.broken or error
+            self.stop()
+            raise
+
+    def _take(self) -> int:
+        """The next unit to start (under the lock; waits while others run and none is startable), or -1."""
+        while True:
+            while self.ready and self.ready[0] >= self.stop_at:
+                heapq.heappop(self.ready)
+            if self.ready:
+                return heapq.heappop(self.ready)
+            if not self.running:
+                self.lock.notify_all()  # nothing runs, nothing can become ready: every thread is done
+                return -1
+            self.idle += 1
+            self.lock.wait()
+            self.idle -= 1
+
+    def _settle(self, index: int, result: Any) -> None:
+        schedule = self.schedule
+        if isinstance(result, _Failed):
+            self.errors[index] = result.error
+            self.stop_at = min(self.stop_at, index)
+        else:
+            self.complete(index, result)
+            for later in schedule.dependents[index]:
+                self.waits[later] -= 1
+                if self.waits[later] == 0:
+                    heapq.heappush(self.ready, later)
+        for t in schedule.releases[index]:
+            self.left[t] -= 1
+            if self.left[t] == 0:
+                self.drop(t)
+        if self.idle and (self.ready or not self.running):
+            self.lock.notify_all()
+
+    def stop(self) -> None:
+        """Start nothing more (the caller's thread is unwinding)."""
+        with self.lock:
+            self.stop_at = -1
+            self.lock.notify_all()
+
+
+def run(schedule: Schedule, compute: Callable[[int], Any], complete: Callable[[int, Any], None],
+        drop: Callable[[int], None], threads_to_use: int = 1) -> None:
+    """Run every unit of `schedule`: `compute(i)` on one of `threads_to_use` threads (this one and helpers;
+    1: program order, one at a time), then, under the run's lock, `complete(i, result)` and `drop(t)` for
+    each tensor no unit still needs. Raises the error of the first unit in program order that raised."""
+    state = _Run(schedule, compute, complete, drop)
+    helpers = min(max(0, threads_to_use - 1), len(schedule.waits) - 1)
+    finished: queue.SimpleQueue[None] = queue.SimpleQueue()
+    if helpers > 0:
+        _ensure_helpers(helpers)
+        errstate = np.geterr()  # numpy's floating-point error handling is per thread: the caller's holds
+
+        def helper_work() -> None:
+            try:
+                with np.errstate(**errstate):
+                    state.work()
+            except BaseException:  # noqa: BLE001 - kept in state.broken, raised on the caller's thread
+                pass
+            finally:
+                finished.put(None)
+        for _ in range(helpers):
+            _jobs.put(helper_work)
+    try:
+        state.work()
+    finally:
+        for _ in range(max(helpers, 0)):
+            finished.get()
+        threads.kernels_beside(0)
+    if state.broken is not None:
+        raise state.broken
+    if state.errors:
+        raise state.errors[min(state.errors)]

@@ -1,0 +1,164 @@
+"""The dataflow scheduler (cerebras_tf/wse/dataflow.py): its dependency graph, side-by-side runs, errors, drops,
+and the executor on the zoo transformer giving the bits of one kernel at a time."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from cerebras_tf.wse import dataflow, threads
+from cerebras_tf.wse.dataflow import Access, Schedule
+
+
+def _waits_for(schedule: Schedule) -> list[set[int]]:
+    before: list[set[int]] = [set() for _ in schedule.waits]
+    for unit, later in enumerate(schedule.dependents):
+        for index in later:
+            before[index].add(unit)
+    return before
+
+
+def test_the_graph_orders_data_variables_and_refusals():
+    units = [
+        Access(reads=[], outputs=[10]),                                  # 0: produces t10
+        Access(reads=[10], outputs=[11], reads_vars={"w"}),              # 1: reads w (or a view of it)
+        Access(reads=[], outputs=[12], reads_vars={"w"}),                # 2: reads w
+        Access(reads=[11], outputs=[], writes_vars={"w"}),               # 3: writes w after both reads
+        Access(reads=[], outputs=[13], reads_vars={"w"}),                # 4: reads what 3 wrote
+        Access(reads=[], outputs=[14], checks_input=True),               # 5: may refuse its input
+        Access(reads=[], outputs=[15]),                                  # 6: independent
+        Access(reads=[], outputs=[], writes_vars={"v"}),                 # 7: writes only after 5 could refuse
+        Access(reads=[], outputs=[], writes_vars={"w"}),                 # 8: writes w after 3's write, 4's read
+    ]
+    before = _waits_for(Schedule.build(units, droppable=set()))
+    assert before == [set(), {0}, set(), {1, 2}, {3}, set(), set(), {5}, {3, 4, 5}]
+
+
+def test_a_tensor_is_dropped_when_every_reader_has_finished_whatever_the_order():
+    units = [Access(reads=[], outputs=[1]), Access(reads=[1], outputs=[2]), Access(reads=[1], outputs=[3])]
+    schedule = Schedule.build(units, droppable={1})
+    release = threading.Event()
+    dropped: list[int] = []
+    finished: list[int] = []
+
+    def compute(index: int) -> int:
+        if index == 1:  # the first reader in program order finishes last
+            assert release.wait(10), "unit 2 never ran beside unit 1"
+        if index == 2:
+            release.set()
+        return index
+
+    def complete(index: int, result: int) -> None:
+        finished.append(index)
+
+    def drop(tensor: int) -> None:
+        assert set(finished) >= {1, 2}, f"tensor {tensor} dropped while a reader had not finished: {finished}"
+        dropped.append(tensor)
+
+    dataflow.run(schedule, compute, complete, drop, threads_to_use=2)
+    assert finished[-1] == 1 and dropped == [1]
+
+
+@pytest.mark.parametrize("threads_to_use", [1, 2])
+def test_the_first_error_in_program_order_is_raised_and_nothing_after_it_starts(threads_to_use):
+    units = [Access(reads=[], outputs=[i]) for i in range(8)]
+    started: list[int] = []
+    lock = threading.Lock()
+
+    def compute(index: int) -> int:
+        with lock:
+            started.append(index)
+        if index in (3, 5):
+            raise ValueError(f"unit {index}")
+        return index
+
+    with pytest.raises(ValueError, match="unit 3"):
+        dataflow.run(Schedule.build(units, set()), compute, lambda i, r: None, lambda t: None, threads_to_use)
+    assert set(range(4)) <= set(started)  # every unit before the error ran
+    if threads_to_use == 1:
+        assert started == [0, 1, 2, 3]
+    else:  # beside unit 3, at most the one next to it started
+        assert set(started) <= set(range(5))
+
+
+def test_units_run_side_by_side_and_blas_keeps_one_thread_meanwhile():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    units = [Access(reads=[], outputs=[0]), Access(reads=[], outputs=[1])]
+    other_started = [threading.Event(), threading.Event()]
+    blas_threads: list[int] = []
+
+    def compute(index: int) -> int:
+        other_started[index].set()
+        assert other_started[1 - index].wait(10), "the two independent units did not run at once"
+        blas_threads.extend(info["num_threads"] for info in threadpoolctl.threadpool_info()
+                            if info["user_api"] == "blas")
+        return index
+
+    before = [info["num_threads"] for info in threadpoolctl.threadpool_info() if info["user_api"] == "blas"]
+    with threads.one_blas_thread():
+        dataflow.run(Schedule.build(units, set()), compute, lambda i, r: None, lambda t: None, 2)
+    assert blas_threads and set(blas_threads) == {1}
+    assert [info["num_threads"] for info in threadpoolctl.threadpool_info() if info["user_api"] == "blas"] == before
+
+
+def test_the_thread_count_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv(dataflow.ENV_VAR, "1")
+    assert dataflow.executor_threads() == 1
+    monkeypatch.delenv(dataflow.ENV_VAR)
+    assert dataflow.executor_threads() == threads.host_threads()
+    for bad in ("two", "0"):
+        monkeypatch.setenv(dataflow.ENV_VAR, bad)
+        with pytest.raises(ValueError, match=dataflow.ENV_VAR):
+            dataflow.executor_threads()
+
+
+@pytest.mark.parametrize("half_dtype", ["float16", "float32"])
+def test_the_zoo_transformer_side_by_side_gives_the_bits_of_one_kernel_at_a_time(tmp_path, half_dtype):
+    """The zoo's BERT-style encoder (its own Adam with weight decay in raw ops, masked-LM gather, dropout) for
+    a few steps with dynamic loss scaling: losses, outputs and every variable equal bit for bit."""
+    from estimator import ModeKeys
+
+    from cerebras_tf import CerebrasEstimator, CSRunConfig
+    from cerebras_tf.amp import GradScaler
+    from cerebras_tf.compiler import initial
+    from cerebras_tf.precheck import precheck
+    from cerebras_tf.wse.executor import Executor
+    from examples.zoo import transformer
+
+    params = {"batch_size": 4, "vocab_size": 300, "hidden_size": 64, "num_layers": 2, "num_heads": 2,
+              "intermediate_size": 128, "seq_length": 32, "max_predictions": 5, "num_examples": 16}
+    estimator = CerebrasEstimator(transformer.model_fn, model_dir=str(tmp_path / "model"),
+                                  config=CSRunConfig(cs_ip="localhost:9000", tf_random_seed=1), params=params)
+    model = precheck(estimator, transformer.input_fn, ModeKeys.TRAIN)
+    program = estimator.compile(transformer.input_fn).program
+    start = initial.initial_values(model, program)
+    batches = list(transformer.input_fn(params).take(4).as_numpy_iterator())
+    runs = []
+    for count in (2, 1):
+        executor = Executor(program, start, grad_scaler=GradScaler(loss_scale="dynamic"), half_dtype=half_dtype,
+                            threads=count)
+        outputs = [executor.step(features, labels).outputs for features, labels in batches]
+        runs.append((outputs, executor.variables()))
+    (outputs, variables), (expected_outputs, expected_variables) = runs
+    for step, (got, expected) in enumerate(zip(outputs, expected_outputs)):
+        assert got.keys() == expected.keys()
+        for key in expected:
+            np.testing.assert_array_equal(got[key], expected[key], err_msg=f"step {step}: {key}")
+    assert variables.keys() == expected_variables.keys()
+    for name, value in expected_variables.items():
+        np.testing.assert_array_equal(variables[name], value, err_msg=name)
+
+
+def test_a_failure_outside_the_units_is_raised_and_the_helpers_stay_usable():
+    units = [Access(reads=[], outputs=[i]) for i in range(6)]
+
+    def complete(index: int, result: int) -> None:
+        if index == 2:
+            raise RuntimeError("bookkeeping broke")
+
+    with pytest.raises(RuntimeError, match="bookkeeping broke"):
+        dataflow.run(Schedule.build(units, set()), lambda i: i, complete, lambda t: None, 2)
+    done: list[int] = []
+    dataflow.run(Schedule.build(units, set()), lambda i: i, lambda i, r: done.append(i), lambda t: None, 2)
+    assert sorted(done) == list(range(6))
