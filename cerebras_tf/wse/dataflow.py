@@ -141,6 +141,17 @@ def _helper_loop() -> None:
         _jobs.get()()
 
 
+def _forget_helpers() -> None:
+    """In a forked child: the parent's helper threads do not exist here (new ones start on first use)."""
+    global _jobs, _helpers_lock
+    _jobs, _helpers_lock = queue.SimpleQueue(), threading.Lock()
+    _helpers.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_helpers)
+
+
 def _ensure_helpers(count: int) -> None:
     with _helpers_lock:
         while len(_helpers) < count:

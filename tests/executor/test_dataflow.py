@@ -162,3 +162,22 @@ def test_a_failure_outside_the_units_is_raised_and_the_helpers_stay_usable():
     done: list[int] = []
     dataflow.run(Schedule.build(units, set()), lambda i: i, lambda i, r: done.append(i), lambda t: None, 2)
     assert sorted(done) == list(range(6))
+
+
+def test_a_forked_child_starts_its_own_helpers():
+    import multiprocessing
+
+    units = [Access(reads=[], outputs=[i]) for i in range(4)]
+    dataflow.run(Schedule.build(units, set()), lambda i: i, lambda i, r: None, lambda t: None, 2)  # helpers exist
+
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        done = pool.apply_async(_run_four_units).get(timeout=60)
+    assert done == [0, 1, 2, 3]
+
+
+def _run_four_units() -> list[int]:
+    done: list[int] = []
+    units = [Access(reads=[], outputs=[i]) for i in range(4)]
+    dataflow.run(Schedule.build(units, set()), lambda i: i, lambda i, r: done.append(i), lambda t: None, 2)
+    return sorted(done)
