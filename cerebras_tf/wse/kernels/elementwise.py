@@ -13,6 +13,7 @@ import numpy as np
 from cerebras_tf.amp import get_half_dtype
 from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._registry import KernelContext, KernelFn, np_dtype, register
+from cerebras_tf.wse.kernels.eigen_erf import erf_float32
 from cerebras_tf.wse.kernels.half import round_half
 from cerebras_tf.wse.threads import STREAMING_MIN_ELEMENTS_PER_THREAD, map_elementwise
 
@@ -73,7 +74,6 @@ _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "exp": np.exp,
     "log": np.log,
     "log1p": np.log1p,
-    "erf": _same(_erf),
     "erfc": _same(_erfc),  # tf.nn.gelu's exact form on TF >= 2.16: 0.5 * x * erfc(-x / sqrt(2))
     "tanh": np.tanh,
     "sigmoid": lambda x: _same(lambda y: 1.0 / (1.0 + np.exp(-y.astype(np.float64))))(x),
@@ -111,6 +111,17 @@ def _make_unary(fn: Callable[[np.ndarray], np.ndarray]) -> KernelFn:
 
 for _kind, _unary_fn in _UNARY.items():
     register(_kind)(_make_unary(_unary_fn))
+
+
+@register("erf")
+def erf(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    """tf.math.erf: on float32 TF's own Eigen approximation, bit for bit (eigen_erf); other dtypes through
+    float64 (scipy) rounded back."""
+    x = np.asarray(inputs[0])
+    if x.dtype == np.float32:
+        return [erf_float32(x)]
+    with np.errstate(all="ignore"):
+        return [_same(_erf)(x)]
 
 
 @register("leaky_relu")
