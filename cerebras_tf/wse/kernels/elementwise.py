@@ -235,8 +235,12 @@ def add(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) 
     """AddV2 with numpy broadcasting; two floats of one dtype are added straight into a 64-byte aligned
     array (one pass, no temporary: IEEE addition gives the same bits in any loop order)."""
     x, y = np.asarray(inputs[0]), np.asarray(inputs[1])
-    if x.dtype == y.dtype and x.dtype.kind == "f" and (x.ndim or y.ndim):
-        out = empty_aligned(np.broadcast_shapes(x.shape, y.shape), x.dtype)
+    if x.dtype == y.dtype and x.dtype.kind == "f" and max(x.size, y.size) >= _SMALL:
+        if x.shape == y.shape or y.ndim == 0:
+            shape = x.shape
+        else:
+            shape = y.shape if x.ndim == 0 else np.broadcast_shapes(x.shape, y.shape)
+        out = empty_aligned(shape, x.dtype)
         with np.errstate(all="ignore"):
             np.add(x, y, out=out)
         return [out]
@@ -255,6 +259,9 @@ def bias_add(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelCont
     return [x + b]
 
 
+# Below this many elements the plain numpy code is taken (the same bits): a numba call with a tuple, or an
+# aligned allocation, costs a few microseconds more than such an operation itself.
+_SMALL = 1 << 14
 _ADD_N_BLOCK = 2048  # elements summed over all inputs at a time: a block of each stays in L1
 
 
@@ -280,7 +287,7 @@ def add_n(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext
     """inputs[0] + inputs[1] + ... in that order; same-shaped float32/float64 inputs in one blocked numba
     pass into a 64-byte aligned array."""
     first = inputs[0]
-    if (_jit.enabled() and len(inputs) >= 2 and first.dtype in (np.float32, np.float64)
+    if (_jit.enabled() and len(inputs) >= 2 and first.size >= _SMALL and first.dtype in (np.float32, np.float64)
             and all(x.shape == first.shape and x.dtype == first.dtype for x in inputs)):
         out = empty_aligned(first.shape, first.dtype)
         _add_n_loop(tuple(np.ascontiguousarray(x).reshape(-1) for x in inputs), out.reshape(-1))
@@ -317,7 +324,7 @@ def _select_fast(cond: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray |
     """SelectV2 by a numba loop when cond has the result's shape and x, y each have it or are scalars (same
     float/int dtype); None otherwise."""
     if not (_jit.enabled() and cond.dtype == np.bool_ and x.dtype == y.dtype and x.dtype.kind in "fiu"
-            and cond.ndim > 0 and cond.size > 0):
+            and cond.size >= _SMALL):
         return None
     shape = cond.shape
     if not all(a.shape == shape or a.ndim == 0 for a in (x, y)) or (x.ndim == 0 and y.ndim == 0):
