@@ -19,6 +19,7 @@ import importlib.metadata
 import numpy as np
 
 from cerebras_tf.wse.kernels import _jit
+from cerebras_tf.wse.threads import STREAMING_MIN_ELEMENTS_PER_THREAD, map_elementwise
 
 F = np.float32
 _TINY = F(np.finfo(np.float32).tiny)
@@ -136,8 +137,6 @@ def _erf_numpy(x: np.ndarray, form: str) -> np.ndarray:
 def erf_float32(x: np.ndarray, form: str | None = None) -> np.ndarray:
     """TF's float32 erf of `x` (float32) in `form` (default: the installed tensorflow's), in a new
     64-byte aligned array: one numba pass, or numpy without the loops."""
-    from cerebras_tf.wse.threads import STREAMING_MIN_ELEMENTS_PER_THREAD, map_elementwise
-
     form = form or _FORM
     if not _jit.enabled():
         return _erf_numpy(np.asarray(x, F), form)
