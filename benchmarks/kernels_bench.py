@@ -2,12 +2,14 @@
 
 Times matmul (the MLP's 256x784x500 layer, forward and both gradients) and
 conv2d forward / backprop-input / backprop-filter on MNIST-sized convolutions
-and the max-pool pair (numpy on every provider), reporting the median of several
+and the max-pool pair (numpy on every provider), and the zoo transformer's memory-bound kinds at its
+shapes (hidden 256, seq 128, batch 8, vocab 8000, 4 heads, FFN 1024: add, add_n, select, erf, erfc,
+one_hot, unsorted_segment_sum, softmax, log_softmax, assign_variable; no host kernels), reporting the median of several
 runs of the WSE kernel on the numpy/OpenBLAS provider and on the TensorFlow
 provider (host_kernels_tf: the kernel's dtype contract around tf.raw_ops), and
 of tf.raw_ops itself; the ratios are TF time / ours (> 1 means ours is faster).
 
-    ./dev bench kernels_bench [--repeats 20]
+    ./dev bench kernels_bench [--repeats 20] [--only add]
 """
 from __future__ import annotations
 
@@ -87,17 +89,80 @@ def _cases(rng: np.random.Generator) -> list[Case]:
         ("max_pool_grad", lambda ctx: k["max_pool_grad"]([xp, ypn, gp], pa, ctx),
          lambda: R.MaxPoolGrad(orig_input=xpt, orig_output=yp, grad=gpt, **pa)),
     ]
+    return cases + _transformer_cases(rng)
+
+
+def _transformer_cases(rng: np.random.Generator) -> list[Case]:
+    """The zoo transformer's memory-bound kinds at its shapes, against the TF op each replaces."""
+    f32 = np.float32
+    k = KERNELS
+
+    def normal(*shape: int) -> np.ndarray:
+        return rng.normal(size=shape).astype(f32)
+
+    cases: list[Case] = []
+    for xs, ys in (((8000, 256), (8000, 256)), ((1024, 256), (1024, 256)), ((160, 8000), (8000,)),
+                   ((8, 4, 128, 128), (8, 1, 1, 128)), ((), (1024, 1024))):
+        xa, ya = normal(*xs), normal(*ys)
+        xt, yt = tf.constant(xa), tf.constant(ya)
+        cases.append((f"add {list(xs)} + {list(ys)}", lambda ctx, xa=xa, ya=ya: k["add"]([xa, ya], {}, ctx),
+                      lambda xt=xt, yt=yt: R.AddV2(x=xt, y=yt)))
+    for n, shape in ((3, (1024, 1024)), (2, (8000, 256)), (3, (1024, 256))):
+        xs_ = [normal(*shape) for _ in range(n)]
+        ts = [tf.constant(a) for a in xs_]
+        cases.append((f"add_n {n} x {list(shape)}", lambda ctx, xs_=xs_: k["add_n"](xs_, {}, ctx),
+                      lambda ts=ts: R.AddN(inputs=ts)))
+    for shape in ((8, 4, 128, 128), (1024, 256)):
+        c, xa, ya = rng.random(shape) < 0.9, normal(*shape), np.asarray(-1e4, f32)
+        ct, xt, yt = tf.constant(c), tf.constant(xa), tf.constant(ya)
+        cases.append((f"select {list(shape)}, scalar", lambda ctx, c=c, xa=xa, ya=ya: k["select"]([c, xa, ya], {}, ctx),
+                      lambda ct=ct, xt=xt, yt=yt: R.SelectV2(condition=ct, t=xt, e=yt)))
+    for kind, op in (("erf", R.Erf), ("erfc", R.Erfc)):
+        for shape in ((160, 256), (1024, 1024)):
+            xa = normal(*shape)
+            xt = tf.constant(xa)
+            cases.append((f"{kind} {list(shape)}", lambda ctx, kind=kind, xa=xa: k[kind]([xa], {}, ctx),
+                          lambda op=op, xt=xt: op(x=xt)))
+    labels = rng.integers(0, 8000, 160).astype(np.int32)
+    lt = tf.constant(labels)
+    oh = {"depth": 8000, "on_value": 1.0, "off_value": 0.0, "axis": -1}
+    cases.append(("one_hot [160] depth 8000", lambda ctx: k["one_hot"]([labels], oh, ctx),
+                  lambda: R.OneHot(indices=lt, depth=8000, on_value=f32(1), off_value=f32(0))))
+    for rows, n in ((1024, 8000), (160, 1024)):
+        data, ids = normal(rows, 256), rng.integers(0, n, rows).astype(np.int32)
+        dt, it = tf.constant(data), tf.constant(ids)
+        cases.append((f"unsorted_segment_sum [{rows},256] -> {n}",
+                      lambda ctx, data=data, ids=ids, n=n: k["unsorted_segment_sum"]([data, ids], {"num_segments": n},
+                                                                                      ctx),
+                      lambda dt=dt, it=it, n=n: R.UnsortedSegmentSum(data=dt, segment_ids=it, num_segments=n)))
+    for kind, op, shape in (("softmax", R.Softmax, (8, 4, 128, 128)), ("log_softmax", R.LogSoftmax, (160, 8000))):
+        xa = normal(*shape)
+        xt = tf.constant(xa)
+        cases.append((f"{kind} {list(shape)}", lambda ctx, kind=kind, xa=xa: k[kind]([xa], {}, ctx),
+                      lambda op=op, xt=xt: op(logits=xt)))
+    for shape in ((8000, 256), (256, 256)):
+        value = normal(*shape)
+        var = np.zeros(shape, f32)
+        tvar, tvalue = tf.Variable(np.zeros(shape, f32)), tf.constant(value)
+        cases.append((f"assign_variable {list(shape)}",
+                      lambda ctx, value=value, var=var: k["assign_variable"](
+                          [value], {}, KernelContext(variables=[var], host_kernels=ctx.host_kernels)),
+                      lambda tvar=tvar, tvalue=tvalue: (R.AssignVariableOp(resource=tvar.handle, value=tvalue),
+                                                        tf.constant(0))[1]))
     return cases
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--only", default="", help="run only the cases whose name contains this text")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
     contexts = [KernelContext(host_kernels=p) for p in (NUMPY_HOST_KERNELS, TENSORFLOW_HOST_KERNELS)]
     rows = []
     for name, ours, theirs in _cases(rng):
+        if args.only not in name:
+            continue
         t_np, t_tfp = (_median_time(lambda c=c, fn=ours: fn(c), args.repeats) for c in contexts)
         t_tf = _median_time(lambda fn=theirs: fn().numpy(), args.repeats)  # .numpy(): wait for the result
         rows.append((name, t_np * 1e3, t_tfp * 1e3, t_tf * 1e3, t_tf / t_np, t_tf / t_tfp))

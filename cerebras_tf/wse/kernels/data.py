@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._indices import check_indices, check_segment_ids, clamped
 from cerebras_tf.wse.kernels._registry import KernelContext, register
 
@@ -164,7 +165,9 @@ def fill(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext)
 
 @register("one_hot")
 def one_hot(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
-    """OneHot(indices) with attrs depth, on_value, off_value, axis (-1 = last).
+    """OneHot(indices) with attrs depth, on_value, off_value, axis (-1 = last): on_value written straight into
+    an output of off_value (zeros: calloc'd), at each index in [0, depth) (any other index gives an all-off
+    row, as TF's).
 
     The output dtype is on_value's (numpy scalars keep theirs; a Python float is float32, an int int32).
     """
@@ -172,12 +175,19 @@ def one_hot(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelConte
     depth = _int(attrs["depth"])
     on, off = attrs.get("on_value", 1.0), attrs.get("off_value", 0.0)
     dtype = _value_dtype(on)
-    hot = idx[..., None] == np.arange(depth)
-    out = np.where(hot, np.asarray(on, dtype), np.asarray(off, dtype))
+    off_value = np.asarray(off, dtype)
+    if not any(off_value.tobytes()):  # all-zero bits (not -0.0)
+        out = np.zeros(idx.shape + (depth,), dtype)
+    else:
+        out = np.full(idx.shape + (depth,), off_value, dtype)
+    if out.size:
+        flat_idx = idx.reshape(-1)
+        hit = (flat_idx >= 0) & (flat_idx < depth)
+        out.reshape(-1, depth)[np.flatnonzero(hit), flat_idx[hit]] = np.asarray(on, dtype)
     axis = int(attrs.get("axis", -1))
-    if axis != -1:
-        out = np.moveaxis(out, -1, axis)
-    return [np.ascontiguousarray(out)]
+    if axis != -1 and axis != idx.ndim:
+        out = np.ascontiguousarray(np.moveaxis(out, -1, axis))
+    return [out]
 
 
 def gather(params: np.ndarray, indices: np.ndarray, axis: int, batch_dims: int, check: bool = True) -> np.ndarray:
@@ -217,11 +227,25 @@ def gather_kernel(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Kerne
     return [gather(params, indices, _int(attrs.get("axis", 0)), int(attrs.get("batch_dims", 0)), ctx.check)]
 
 
+@_jit.jit
+def _segment_sum_loop(rows: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - numba
+    """out[ids[i]] += rows[i] for i in order (ids outside [0, len(out)) skipped): np.add.at's order."""
+    n, width = out.shape
+    for i in range(ids.size):
+        s = ids[i]
+        if s < 0 or s >= n:
+            continue
+        src, dst = rows[i], out[s]
+        for j in range(width):
+            dst[j] = dst[j] + src[j]
+
+
 @register("unsorted_segment_sum")
 def unsorted_segment_sum(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
     """UnsortedSegmentSum(data, segment_ids) with attr num_segments; negative ids are dropped, as TF does, and an
     id >= num_segments raises KernelInputError with TF's message ("segment_ids[2] = 7 is out of range [0, 5)"), or,
-    unless ctx.check (an untaken tf.cond branch), is dropped too."""
+    unless ctx.check (an untaken tf.cond branch), is dropped too. Each segment sums its rows in data order
+    (one numba pass over data for float32/float64, else np.add.at: the same order)."""
     data, ids = np.asarray(inputs[0]), np.asarray(inputs[1])
     n = _int(attrs["num_segments"])
     if ctx.check:
@@ -229,8 +253,14 @@ def unsorted_segment_sum(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx
     rest = data.shape[ids.ndim:]
     flat_ids = ids.reshape(-1)
     rows = data.reshape((flat_ids.size,) + rest)
-    keep = flat_ids >= 0 if ctx.check else (flat_ids >= 0) & (flat_ids < n)
     out = np.zeros((n,) + rest, data.dtype)
+    if _jit.enabled() and data.dtype in (np.float32, np.float64) and flat_ids.dtype.kind in "iu":
+        width = int(np.prod(rest, dtype=np.int64))
+        if width > 0 and flat_ids.size > 0:
+            _segment_sum_loop(np.ascontiguousarray(rows).reshape(flat_ids.size, width), flat_ids,
+                              out.reshape(n, width))
+        return [out]
+    keep = flat_ids >= 0 if ctx.check else (flat_ids >= 0) & (flat_ids < n)
     np.add.at(out, flat_ids[keep], rows[keep])
     return [out]
 

@@ -13,7 +13,9 @@ import numpy as np
 from cerebras_tf.amp import get_half_dtype
 from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._registry import KernelContext, KernelFn, np_dtype, register
+from cerebras_tf.wse.kernels.eigen_erf import erf_float32
 from cerebras_tf.wse.kernels.half import round_half
+from cerebras_tf.wse.memory import empty_aligned
 from cerebras_tf.wse.threads import STREAMING_MIN_ELEMENTS_PER_THREAD, map_elementwise
 
 try:  # scipy ships with the test extras; fall back to math.erf/erfc (exact, slower) without it
@@ -73,7 +75,6 @@ _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "exp": np.exp,
     "log": np.log,
     "log1p": np.log1p,
-    "erf": _same(_erf),
     "erfc": _same(_erfc),  # tf.nn.gelu's exact form on TF >= 2.16: 0.5 * x * erfc(-x / sqrt(2))
     "tanh": np.tanh,
     "sigmoid": lambda x: _same(lambda y: 1.0 / (1.0 + np.exp(-y.astype(np.float64))))(x),
@@ -111,6 +112,17 @@ def _make_unary(fn: Callable[[np.ndarray], np.ndarray]) -> KernelFn:
 
 for _kind, _unary_fn in _UNARY.items():
     register(_kind)(_make_unary(_unary_fn))
+
+
+@register("erf")
+def erf(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    """tf.math.erf: on float32 TF's own Eigen approximation, bit for bit (eigen_erf); other dtypes through
+    float64 (scipy) rounded back."""
+    x = np.asarray(inputs[0])
+    if x.dtype == np.float32:
+        return [erf_float32(x)]
+    with np.errstate(all="ignore"):
+        return [_same(_erf)(x)]
 
 
 @register("leaky_relu")
@@ -180,7 +192,6 @@ def _pow(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 _BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    "add": np.add,
     "sub": np.subtract,
     "mul": np.multiply,
     "mul_no_nan": lambda x, y: np.where(y == 0, np.zeros((), np.result_type(x, y)), x * y),
@@ -219,6 +230,26 @@ for _kind, _binary_fn in _BINARY.items():
     register(_kind)(_make_binary(_binary_fn))
 
 
+@register("add")
+def add(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    """AddV2 with numpy broadcasting; two floats of one dtype are added straight into a 64-byte aligned
+    array (one pass, no temporary: IEEE addition gives the same bits in any loop order)."""
+    x, y = np.asarray(inputs[0]), np.asarray(inputs[1])
+    if x.dtype == y.dtype and x.dtype.kind == "f" and max(x.size, y.size) >= _SMALL:
+        if x.shape == y.shape or y.ndim == 0:
+            shape = x.shape
+        else:
+            shape = y.shape if x.ndim == 0 else np.broadcast_shapes(x.shape, y.shape)
+        out = empty_aligned(shape, x.dtype)
+        with np.errstate(all="ignore"):
+            np.add(x, y, out=out)
+        return [out]
+    return _binary_add(inputs, attrs, ctx)
+
+
+_binary_add = _make_binary(np.add)
+
+
 @register("bias_add")
 def bias_add(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
     """value + bias along the channel axis (last for NHWC, 1 for NCHW)."""
@@ -228,11 +259,43 @@ def bias_add(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelCont
     return [x + b]
 
 
+# Below this many elements the plain numpy code is taken (the same bits): a numba call with a tuple, or an
+# aligned allocation, costs a few microseconds more than such an operation itself.
+_SMALL = 1 << 14
+_ADD_N_BLOCK = 2048  # elements summed over all inputs at a time: a block of each stays in L1
+
+
+@_jit.jit
+def _add_n_loop(arrays: Any, out: np.ndarray) -> None:  # pragma: no cover - compiled by numba
+    """out = ((arrays[0] + arrays[1]) + arrays[2]) + ... for flat same-sized arrays (a tuple), a block at a
+    time: one pass over memory."""
+    size = out.size
+    first, second = arrays[0], arrays[1]
+    for lo in range(0, size, _ADD_N_BLOCK):
+        hi = min(lo + _ADD_N_BLOCK, size)
+        dst, a, b = out[lo:hi], first[lo:hi], second[lo:hi]
+        for i in range(hi - lo):
+            dst[i] = a[i] + b[i]
+        for k in range(2, len(arrays)):
+            c = arrays[k][lo:hi]
+            for i in range(hi - lo):
+                dst[i] = dst[i] + c[i]
+
+
 @register("add_n")
 def add_n(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
-    out = np.array(inputs[0], copy=True)
-    for x in inputs[1:]:
-        out += x
+    """inputs[0] + inputs[1] + ... in that order; same-shaped float32/float64 inputs in one blocked numba
+    pass into a 64-byte aligned array."""
+    first = inputs[0]
+    if (_jit.enabled() and len(inputs) >= 2 and first.size >= _SMALL and first.dtype in (np.float32, np.float64)
+            and all(x.shape == first.shape and x.dtype == first.dtype for x in inputs)):
+        out = empty_aligned(first.shape, first.dtype)
+        _add_n_loop(tuple(np.ascontiguousarray(x).reshape(-1) for x in inputs), out.reshape(-1))
+        return [out]
+    out = np.array(first, copy=True)
+    with np.errstate(all="ignore"):
+        for x in inputs[1:]:
+            out += x
     return [out]
 
 
@@ -242,10 +305,49 @@ def clip_by_value(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Kerne
     return [np.maximum(np.minimum(x, hi), lo).astype(x.dtype, copy=False)]
 
 
+@_jit.jit
+def _select_loop(cond: np.ndarray, x: np.ndarray, y: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover
+    """out[i] = x[i] if cond[i] else y[i] over flat same-sized arrays."""
+    for i in range(out.size):
+        out[i] = x[i] if cond[i] else y[i]
+
+
+@_jit.jit
+def _select_scalar_loop(cond: np.ndarray, full: np.ndarray, scalar: Any, full_where: bool,
+                        out: np.ndarray) -> None:  # pragma: no cover - compiled by numba
+    """out[i] = full[i] where cond[i] == full_where, else the scalar."""
+    for i in range(out.size):
+        out[i] = full[i] if cond[i] == full_where else scalar
+
+
+def _select_fast(cond: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray | None:
+    """SelectV2 by a numba loop when cond has the result's shape and x, y each have it or are scalars (same
+    float/int dtype); None otherwise."""
+    if not (_jit.enabled() and cond.dtype == np.bool_ and x.dtype == y.dtype and x.dtype.kind in "fiu"
+            and cond.size >= _SMALL):
+        return None
+    shape = cond.shape
+    if not all(a.shape == shape or a.ndim == 0 for a in (x, y)) or (x.ndim == 0 and y.ndim == 0):
+        return None
+    out = empty_aligned(shape, x.dtype)
+    c = np.ascontiguousarray(cond).reshape(-1)
+    if x.ndim and y.ndim:
+        _select_loop(c, np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(y).reshape(-1), out.reshape(-1))
+    elif x.ndim:
+        _select_scalar_loop(c, np.ascontiguousarray(x).reshape(-1), y[()], True, out.reshape(-1))
+    else:
+        _select_scalar_loop(c, np.ascontiguousarray(y).reshape(-1), x[()], False, out.reshape(-1))
+    return out
+
+
 @register("select")
 def select(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
-    """Select (broadcast="v1": a vector condition picks rows of x/y) or SelectV2 ("numpy", default)."""
+    """Select (broadcast="v1": a vector condition picks rows of x/y) or SelectV2 ("numpy", default); a
+    condition of the result's shape with full or scalar x and y takes a numba loop."""
     cond, x, y = (np.asarray(a) for a in inputs)
     if attrs.get("broadcast", "numpy") == "v1" and cond.ndim == 1 and x.ndim > 1:
         cond = cond.reshape((-1,) + (1,) * (x.ndim - 1))
+    fast = _select_fast(cond, x, y)
+    if fast is not None:
+        return [fast]
     return [np.where(cond, x, y)]

@@ -11,7 +11,176 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._registry import KernelContext, KernelInputError, register
+from cerebras_tf.wse.kernels._scratch import scratch
+from cerebras_tf.wse.memory import empty_aligned
+
+F = np.float32
+_PAIRWISE_BLOCK = 128  # numpy's PW_BLOCKSIZE
+_NUMPY_REDUCE_BUFFER = 8192  # numpy 1.x sums a longer row in chunks of its iterator buffer: not replicated
+_BLOCK_BYTES = 1 << 20  # rows are done in blocks of about this much, which stay in cache between passes
+
+
+@_jit.jit
+def _block_sum(a: np.ndarray, lo: int, n: int) -> np.float32:  # pragma: no cover - compiled by numba
+    """sum(a[lo:lo + n]) for n <= 128 in numpy's order: sequential below 8, else eight running sums."""
+    if n < 8:
+        res = F(0)
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    end = lo + n - n % 8
+    i = lo + 8
+    while i < end:
+        r0 += a[i]
+        r1 += a[i + 1]
+        r2 += a[i + 2]
+        r3 += a[i + 3]
+        r4 += a[i + 4]
+        r5 += a[i + 5]
+        r6 += a[i + 6]
+        r7 += a[i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < lo + n:
+        res += a[i]
+        i += 1
+    return res
+
+
+@_jit.jit
+def _pairwise_sum(a: np.ndarray, n: int, tasks: np.ndarray, values: np.ndarray) -> np.float32:  # pragma: no cover
+    """sum(a[:n]) in numpy's order for a contiguous float32 row (pairwise_sum in numpy's loops_utils.h:
+    blocks of at most 128, halves rounded down to a multiple of 8 above that), without recursion: a stack
+    of tasks (tasks[t] = (lo, n), n = -1 for "add the top two values") and one of partial sums."""
+    if n <= _PAIRWISE_BLOCK:
+        return _block_sum(a, 0, n)
+    top, vtop = 1, 0
+    tasks[0, 0], tasks[0, 1] = 0, n
+    while top > 0:
+        top -= 1
+        lo, m = tasks[top, 0], tasks[top, 1]
+        if m < 0:
+            vtop -= 1
+            values[vtop - 1] = values[vtop - 1] + values[vtop]
+        elif m <= _PAIRWISE_BLOCK:
+            values[vtop] = _block_sum(a, lo, m)
+            vtop += 1
+        else:
+            half = m // 2
+            half -= half % 8
+            tasks[top, 0], tasks[top, 1] = 0, -1
+            tasks[top + 1, 0], tasks[top + 1, 1] = lo + half, m - half
+            tasks[top + 2, 0], tasks[top + 2, 1] = lo, half
+            top += 3
+    return values[0]
+
+
+_STACK = 64  # rows up to 8192 long: seven halvings, three tasks a level
+
+
+@_jit.jit
+def _shift_rows(x: np.ndarray, out: np.ndarray, n: int) -> None:  # pragma: no cover - compiled by numba
+    """out[r] = x[r] - max(x[r]) over the rows of n elements of flat x and out. A NaN never wins the max here
+    (numpy's max is NaN then): either way such a row's softmax and log_softmax come out all NaN, through
+    the sum."""
+    for r in range(x.size // n):
+        row, dst = x[r * n:(r + 1) * n], out[r * n:(r + 1) * n]
+        m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = row[0]
+        j = 1
+        while j + 8 <= n:
+            m0 = row[j] if row[j] > m0 else m0
+            m1 = row[j + 1] if row[j + 1] > m1 else m1
+            m2 = row[j + 2] if row[j + 2] > m2 else m2
+            m3 = row[j + 3] if row[j + 3] > m3 else m3
+            m4 = row[j + 4] if row[j + 4] > m4 else m4
+            m5 = row[j + 5] if row[j + 5] > m5 else m5
+            m6 = row[j + 6] if row[j + 6] > m6 else m6
+            m7 = row[j + 7] if row[j + 7] > m7 else m7
+            j += 8
+        while j < n:
+            m0 = row[j] if row[j] > m0 else m0
+            j += 1
+        m0 = m1 if m1 > m0 else m0
+        m2 = m3 if m3 > m2 else m2
+        m4 = m5 if m5 > m4 else m4
+        m6 = m7 if m7 > m6 else m6
+        m0 = m2 if m2 > m0 else m0
+        m4 = m6 if m6 > m4 else m4
+        m = m4 if m4 > m0 else m0
+        for k in range(n):
+            dst[k] = row[k] - m
+
+
+@_jit.jit
+def _divide_by_row_sums(e: np.ndarray, n: int) -> None:  # pragma: no cover - compiled by numba
+    """e[r] /= sum(e[r]) (numpy's order) over the rows of n elements of flat e, in place."""
+    tasks, values = np.empty((_STACK, 2), np.int64), np.empty(_STACK, np.float32)
+    for r in range(e.size // n):
+        row = e[r * n:(r + 1) * n]
+        total = _pairwise_sum(row, n, tasks, values)
+        for k in range(n):
+            row[k] = row[k] / total
+
+
+@_jit.jit
+def _row_sums(e: np.ndarray, n: int, out: np.ndarray) -> None:  # pragma: no cover - compiled by numba
+    tasks, values = np.empty((_STACK, 2), np.int64), np.empty(_STACK, np.float32)
+    for r in range(out.size):
+        out[r] = _pairwise_sum(e[r * n:(r + 1) * n], n, tasks, values)
+
+
+@_jit.jit
+def _subtract_per_row(s: np.ndarray, n: int, v: np.ndarray) -> None:  # pragma: no cover - compiled by numba
+    for r in range(v.size):
+        row = s[r * n:(r + 1) * n]
+        vr = v[r]
+        for k in range(n):
+            row[k] = row[k] - vr
+
+
+def _rows_for_loops(x: np.ndarray) -> np.ndarray | None:
+    """x as contiguous float32 [rows, n] when the loops take it (else None: the numpy code)."""
+    if not _jit.enabled() or x.dtype != F or x.ndim == 0 or x.size == 0 or not 0 < x.shape[-1] <= _NUMPY_REDUCE_BUFFER:
+        return None
+    return np.ascontiguousarray(x).reshape(-1, x.shape[-1])
+
+
+def _softmax_rows(x2: np.ndarray) -> np.ndarray:
+    """softmax over the rows of x2 [rows, n], as the numpy code computes it (the same bits): per block of
+    rows, max and shift (numba), numpy's exp in place, then the sums in numpy's order and the division."""
+    rows, n = x2.shape
+    out = empty_aligned(x2.shape, F)
+    step = max(1, _BLOCK_BYTES // (4 * n))
+    with np.errstate(all="ignore"):
+        for lo in range(0, rows, step):
+            block = out[lo:lo + step].reshape(-1)
+            _shift_rows(x2[lo:lo + step].reshape(-1), block, n)
+            np.exp(block, out=block)
+            _divide_by_row_sums(block, n)
+    return out
+
+
+def _log_softmax_rows(x2: np.ndarray) -> np.ndarray:
+    """log_softmax over the rows of x2: s = x - max, s - log(sum(exp(s))) as the numpy code (the same bits)."""
+    rows, n = x2.shape
+    out = empty_aligned(x2.shape, F)
+    step = max(1, _BLOCK_BYTES // (4 * n))
+    e = scratch("log_softmax_exp", (min(step, rows) * n,), F)
+    sums = scratch("log_softmax_sums", (min(step, rows),), F)
+    with np.errstate(all="ignore"):
+        for lo in range(0, rows, step):
+            k = min(step, rows - lo)
+            block = out[lo:lo + k].reshape(-1)
+            _shift_rows(x2[lo:lo + k].reshape(-1), block, n)
+            np.exp(block, out=e[:k * n])
+            _row_sums(e, n, sums[:k])
+            np.log(sums[:k], out=sums[:k])
+            _subtract_per_row(block, n, sums[:k])
+    return out
 
 
 def _shifted(x: np.ndarray) -> np.ndarray:
@@ -21,12 +190,22 @@ def _shifted(x: np.ndarray) -> np.ndarray:
 
 @register("softmax")
 def softmax(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    """exp(x - max) / sum over the last axis; float32 rows up to 8192 long take the blocked loops (the
+    same bits as the numpy code)."""
+    x2 = _rows_for_loops(inputs[0])
+    if x2 is not None:
+        return [_softmax_rows(x2).reshape(inputs[0].shape)]
     e = np.exp(_shifted(inputs[0]))
     return [e / e.sum(axis=-1, keepdims=True)]
 
 
 @register("log_softmax")
 def log_softmax(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    """(x - max) - log(sum(exp(x - max))) over the last axis; float32 rows up to 8192 long take the blocked
+    loops (the same bits as the numpy code)."""
+    x2 = _rows_for_loops(inputs[0])
+    if x2 is not None:
+        return [_log_softmax_rows(x2).reshape(inputs[0].shape)]
     s = _shifted(inputs[0])
     return [s - np.log(np.exp(s).sum(axis=-1, keepdims=True))]
 
