@@ -44,7 +44,7 @@ import numpy as np
 
 from cerebras_tf.amp import FLOAT32_MODE, GradScaler, get_half_dtype
 from cerebras_tf import ir
-from cerebras_tf.wse import dataflow, threads
+from cerebras_tf.wse import dataflow, memory, threads
 from cerebras_tf.wse.fusion import fused_pairs
 from cerebras_tf.wse.kernels import KERNELS, NUMPY_HOST_KERNELS, HostKernels, KernelContext, KernelInputError, np_dtype
 from cerebras_tf.wse.kernels.fused import FUSED
@@ -131,6 +131,7 @@ class Executor:
         missing = [v.name for v in program.variables if v.name not in variables]
         if missing:
             raise ValueError(f"no value for program variables {missing}")
+        memory.keep_freed_memory()  # a step's arrays reuse the last step's memory instead of faulting in new pages
         self.program = program
         self.grad_scaler = grad_scaler
         self.half_dtype = half_dtype or get_half_dtype()

@@ -1,12 +1,23 @@
-"""New arrays on 64-byte boundaries.
+"""New arrays on 64-byte boundaries, and malloc set to reuse freed memory.
 
 numpy aligns its arrays to 16 bytes; TensorFlow's kernels (the TF host-kernel
 provider) take a numpy operand without copying it only when it starts on a
 64-byte boundary, so the arrays the executor hands them are made here.
+
+A step allocates and frees the same few hundred megabytes every time. glibc's
+malloc maps each block above its threshold (128 KiB to start) afresh and
+unmaps it on free, so every page of it is faulted in again on first touch:
+17,000 faults per step of the zoo transformer, a tenth of its time.
+TensorFlow's allocator keeps its buffers; `keep_freed_memory` asks malloc to
+do the same (blocks up to 32 MiB from its heap, freed memory kept for reuse),
+which leaves 60 faults per step and the peak resident memory as it was.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
+import sys
 from typing import Any, Sequence
 
 import numpy as np
@@ -22,3 +33,29 @@ def empty_aligned(shape: Sequence[int] | int, dtype: Any = np.float32) -> np.nda
     buffer = np.empty(nbytes + ALIGNMENT, np.uint8)
     start = -buffer.ctypes.data % ALIGNMENT
     return buffer[start:start + nbytes].view(dtype).reshape(shape)
+
+
+_M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
+_M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 32 << 20  # blocks below this come from malloc's heap (and go back to it)
+TRIM_THRESHOLD = 1 << 30  # free memory at the heap's top kept, up to this, instead of returned to the OS
+_kept = False
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc serve blocks up to MMAP_THRESHOLD from its heap and keep freed memory for reuse
+    (once per process; the process's resident memory then does not shrink after its peak). Whether it
+    applies: False off Linux/glibc."""
+    global _kept
+    if _kept:
+        return True
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (e.g. musl has no mallopt)
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    _kept = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    return _kept
