@@ -31,7 +31,10 @@ rounded and a run matches TensorFlow on CPU step by step. The dense arithmetic
 the caller may hand in (numpy/OpenBLAS by default; kernels/host_kernels.py); with a
 `concurrent` provider two neighbouring independent dense kernels run at once. A relu that
 is the only reader of a bias_add's or fused_batch_norm's output runs fused into it, as does
-a relu_grad into the max_pool_grad before it: one pass, the same bits (wse/fusion.py).
+a relu_grad into the max_pool_grad before it: one pass, the same bits (wse/fusion.py). Chains of
+elementwise kernels (an Adam update, layer-norm and GELU arithmetic, a `to_half` after them) run as one
+generated numba loop each, where the last member is, with the same bits (wse/chains.py; off with
+CEREBRAS_TF_FUSE_CHAINS=0 or CEREBRAS_TF_JIT=0).
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ import numpy as np
 
 from cerebras_tf.amp import FLOAT32_MODE, GradScaler, get_half_dtype
 from cerebras_tf import ir
+from cerebras_tf.wse import chains as _chains
 from cerebras_tf.wse.fusion import fused_pairs
 from cerebras_tf.wse.kernels import KERNELS, NUMPY_HOST_KERNELS, HostKernels, KernelContext, KernelInputError, np_dtype
 from cerebras_tf.wse.kernels.fused import FUSED
@@ -82,7 +86,10 @@ class StepResult:
 
 @dataclasses.dataclass
 class _Planned:
-    """One kernel (or a fused pair: the kernel and its `tail`), resolved once for every step."""
+    """One kernel (or a fused pair: the kernel and its `tail`; or a chain), resolved once for every step.
+
+    For a chain (wse/chains.py), `kernel` is a stand-in of kind "chain" (its last member's id, the chain's
+    inputs and outputs, no guard) and `chain` the chain itself; it runs where its last member is."""
 
     kernel: ir.Kernel
     fn: Callable[[list[np.ndarray], Mapping, KernelContext], list[np.ndarray]]
@@ -91,6 +98,26 @@ class _Planned:
     writes: bool  # writes variables (skipped on a non-finite step with a GradScaler)
     with_next: bool = False  # runs while the next kernel runs on another thread (HostKernels.concurrent)
     tail: ir.Kernel | None = None  # fused into this one (wse/fusion.py): its output replaces kernel's first
+    chain: _chains.Chain | None = None  # the chain this stands for
+
+    @property
+    def members(self) -> list[ir.Kernel]:
+        """The program's kernels this runs."""
+        if self.chain is not None:
+            return self.chain.kernels
+        return [self.kernel] if self.tail is None else [self.kernel, self.tail]
+
+    @property
+    def inputs(self) -> list[int]:
+        """The tensors fn takes, in order."""
+        return self.kernel.inputs
+
+    @property
+    def reads(self) -> list[int]:
+        """Every tensor this needs before it runs: fn's inputs and the guards."""
+        if self.tail is None:
+            return self.kernel.reads
+        return list(dict.fromkeys([*self.kernel.reads, *self.tail.reads[1:]]))
 
     @property
     def outputs(self) -> list[int]:
@@ -146,7 +173,8 @@ class Executor:
         self._phases = ir.phases(program)
         self._keep = set(program.outputs.values()) | set(program.gradients)
         self._readers = self._readers_of()
-        self._last_use = {tid: ids[-1] for tid, ids in self._readers.items()}  # readers are in program order
+        self._phase_of = {k.id: i for i, kernels in enumerate(self._phases) for k in kernels}
+        self._variable_views: set[int] = set()  # tensors that may be a shared read's variable array (or a view)
         self._shared_reads = self._reads_without_copy()
         self._scale: float | None = None
         self._plans = tuple(self._plan(kernels) for kernels in self._phases)
@@ -270,17 +298,25 @@ class Executor:
         return array
 
     def _plan(self, kernels: list[ir.Kernel]) -> list[_Planned]:
-        """Resolve each kernel once: its function, context, and the tensors it is the last to read."""
+        """Resolve each kernel once: its function, context, and the tensors it is the last to read; fuse pairs
+        (wse/fusion.py), then chains (wse/chains.py) among the other kernels."""
         planned = []
         pairs = fused_pairs(kernels, self._readers, self._keep)
         tails = {tail.id for tail in pairs.values()}
-        position = {k.id: i for i, k in enumerate(kernels)}
+        chains = self._chains(kernels, exclude=set(pairs) | tails)
+        chain_of = {m.id: chain for chain in chains for m in chain.kernels}
         for kernel in kernels:
-            if kernel.id in tails:
+            chain = chain_of.get(kernel.id)
+            if kernel.id in tails or (chain is not None and chain.kernels[-1] is not kernel):
                 continue
             tail = pairs.get(kernel.id)
             fn: Callable[..., list[np.ndarray]]
-            if tail is not None:
+            if chain is not None:
+                fn = chain.fn
+                kernel = ir.Kernel(id=kernel.id, kind="chain", inputs=chain.inputs, outputs=chain.outputs, attrs={},
+                                   role=kernel.role, layer=kernel.layer,
+                                   tf_name=" + ".join(m.tf_name or m.kind for m in chain.kernels))
+            elif tail is not None:
                 fn = FUSED[(kernel.kind, tail.kind)].fn
             elif kernel.kind == "read_variable" and kernel.id in self._shared_reads:
                 fn = _read_shared
@@ -290,18 +326,36 @@ class Executor:
                 fn = KERNELS[kernel.kind]
             ctx = KernelContext(variables=[self._variables[name] for name in kernel.vars], salt=kernel.id,
                                 host_kernels=self.host_kernels)
-            frees = list(dict.fromkeys(t for t in kernel.reads
-                                       if self._last_use.get(t) == kernel.id and t not in self._keep))
-            if tail is not None:  # what the tail read last, unless a kernel between the two reads it too
-                frees += [t for t in dict.fromkeys(tail.reads[1:]) if self._last_use.get(t) == tail.id
-                          and t not in self._keep and t not in frees
-                          and all(r in (kernel.id, tail.id) or position.get(r, -1) < position[kernel.id]
-                                  for r in self._readers[t])]
             writes = bool(kernel.vars) and kernel.kind not in ir.READS_VARIABLES
-            planned.append(_Planned(kernel, fn, ctx, frees, writes, tail=tail))
+            planned.append(_Planned(kernel, fn, ctx, [], writes, tail=tail, chain=chain))
+        self._set_frees(kernels, planned)
         if self.host_kernels.concurrent:
             self._pair_dense_kernels(planned)
         return planned
+
+    def _chains(self, kernels: list[ir.Kernel], exclude: set[int]) -> list[_chains.Chain]:
+        """The chains of elementwise kernels among `kernels` (none when switched off: chains.enabled())."""
+        if not _chains.enabled():
+            return []
+        return _chains.fuse_chains(kernels, self._readers, self._keep, tensors=self.program.tensors,
+                                   half_dtype=self.half_dtype, constants=self._constants, exclude=exclude,
+                                   volatile=self._variable_views)
+
+    def _set_frees(self, kernels: list[ir.Kernel], planned: list[_Planned]) -> None:
+        """Each planned unit's `frees`: the tensors it reads that no unit reads after it (a pair runs at its
+        producer's place, a chain at its last member's), unless kept or read in a later phase."""
+        phase = self._phase_of[kernels[0].id] if kernels else 0
+        at = {m.id: i for i, p in enumerate(planned) for m in p.members}
+        for i, p in enumerate(planned):
+            for t in p.reads:
+                if t in self._keep or t in p.frees:
+                    continue
+                last = -1
+                for r in self._readers.get(t, ()):
+                    r_phase = self._phase_of.get(r, phase)
+                    last = max(last, at[r] if r_phase == phase else (-1 if r_phase < phase else len(planned)))
+                if last == i:
+                    p.frees.append(t)
 
     @staticmethod
     def _pair_dense_kernels(planned: list[_Planned]) -> None:
@@ -407,6 +461,7 @@ class Executor:
             last_read = max((p for t in views for p in consumers.get(t, [])), default=position[k.id])
             if not later_writes or last_read < min(later_writes):
                 shared.add(k.id)
+                self._variable_views |= views
         return shared
 
     def _unscale_and_check(self, values: dict[int, np.ndarray]) -> bool:
