@@ -359,13 +359,18 @@ if _jit._numba is not None:  # pragma: no branch
 
     @_intrinsic
     def _u2f(typingctx: Any, u: Any) -> Any:  # pragma: no cover - compiled by numba
-        """The float32 whose bits are the uint32 u."""
-        if u != _types.uint32:
+        """The float32 whose bits are the low 32 bits of the integer u."""
+        if not isinstance(u, _types.Integer):
             return None
 
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            return builder.bitcast(args[0], _llvm.FloatType())
-        return _types.float32(_types.uint32), codegen
+            value = args[0]
+            if u.bitwidth > 32:
+                value = builder.trunc(value, _llvm.IntType(32))
+            elif u.bitwidth < 32:
+                value = builder.zext(value, _llvm.IntType(32))
+            return builder.bitcast(value, _llvm.FloatType())
+        return _types.float32(u), codegen
 
 
 # ---- compiling and caching --------------------------------------------------------------------------------
