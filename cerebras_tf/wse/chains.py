@@ -360,7 +360,7 @@ if _jit._numba is not None:  # pragma: no branch
     @_intrinsic
     def _u2f(typingctx: Any, u: Any) -> Any:  # pragma: no cover - compiled by numba
         """The float32 whose bits are the low 32 bits of the integer u."""
-        if not isinstance(u, _types.Integer):
+        if u not in _types.integer_domain:
             return None
 
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
