@@ -3,9 +3,10 @@
 `fuse_chains` groups one phase's elementwise kernels into chains: kernels whose float32 arithmetic is
 exactly rounded both in numpy and in a numba loop (add, sub, mul, div, neg, abs, square, sqrt,
 reciprocal, rsqrt as 1/sqrt, maximum, minimum, squared_difference, select, comparisons, logical ops,
-relu, bias_add (channels last), add_n, pow by a constant 0.5/2/3/-1 (as elementwise._pow rewrites it)
-and the executor's `to_half` rounding), so one pass over memory gives the same bits as the kernels one
-by one. Not exp/log/tanh/erf and the like: numpy's SIMD versions differ from libm's in the last bit.
+relu, bias_add (channels last), add_n, pow by a constant 0.5/2/3/-1 (as elementwise._pow rewrites it),
+the gradients of tanh, sigmoid, rsqrt, sqrt, reciprocal and relu, and the executor's `to_half` rounding),
+so one pass over memory gives the same bits as the kernels one by one. Not exp/log/tanh/erf and the like:
+numpy's SIMD versions differ from libm's in the last bit.
 
 A chain's members all have one output shape; each of its external inputs has that shape (or its size),
 is a scalar, a row [cols] or a column [rows, 1] of the output's 2-D view (cols = last dim). It runs where
@@ -61,8 +62,15 @@ _UNARY = {"neg": "-{0}", "abs": "abs({0})", "square": "{0} * {0}", "sqrt": "np.s
 _COMPARE = {"equal": "==", "not_equal": "!=", "less": "<", "less_equal": "<=", "greater": ">", "greater_equal": ">="}
 _LOGICAL = {"logical_and": "{0} & {1}", "logical_or": "{0} | {1}", "logical_not": "not {0}"}
 _POW = {0.5: "sqrt", 2.0: "square", 3.0: "cube", -1.0: "reciprocal"}  # elementwise._POW_REWRITES
-KINDS = frozenset({*_BINARY, *_UNARY, *_COMPARE, *_LOGICAL, "rsqrt", "squared_difference", "select", "add_n",
-                   "pow", "to_half"})
+# Gradients (kernels/elementwise_grad.py), (y, dy) operands but relu_grad's (gradients, features): numpy's order.
+_GRAD = {"tanh_grad": ["{o}q = {0} * {0}", "{o}d = np.float32(1.0) - {o}q", "{o} = {1} * {o}d"],
+         "sigmoid_grad": ["{o}p = {1} * {0}", "{o}d = np.float32(1.0) - {0}", "{o} = {o}p * {o}d"],
+         "rsqrt_grad": ["{o}p = np.float32(-0.5) * ({1} * {0})", "{o} = {o}p * ({0} * {0})"],
+         "sqrt_grad": ["{o} = (np.float32(0.5) * {1}) / {0}"],
+         "reciprocal_grad": ["{o} = ((-{0}) * {0}) * {1}"],
+         "relu_grad": ["{o} = {0} if {1} > np.float32(0.0) else np.float32(0.0)"]}  # the numba loop's
+KINDS = frozenset({*_BINARY, *_UNARY, *_COMPARE, *_LOGICAL, *_GRAD, "rsqrt", "squared_difference", "select",
+                   "add_n", "pow", "to_half"})
 
 
 def enabled() -> bool:
@@ -138,6 +146,8 @@ def _member(kernel: ir.Kernel, tensors: Sequence[ir.Tensor], constants: Mapping[
                        and len(tensors[kernel.inputs[1]].shape) > 1))
     else:
         ok = floats and out.dtype in _FLOAT
+    if kind == "relu_grad":  # its numba loop (same shapes) only
+        ok = ok and tensors[kernel.inputs[0]].shape == tensors[kernel.inputs[1]].shape == out.shape
     if kind == "bias_add":
         ok = ok and not (str(kernel.attrs.get("data_format", "NHWC")).startswith("NC") and len(out.shape) >= 3)
     if not ok:
@@ -299,6 +309,8 @@ def _op_lines(op: _Op, args: list[str], out: str, half_dtype: str) -> list[str]:
         return lines + [f"{out} = {out} + {a}" for a in args[1:]]
     if kind == "to_half":
         return _to_half_lines(args[0], out, half_dtype)
+    if kind in _GRAD:
+        return [line.format(*args, o=out) for line in _GRAD[kind]]
     raise AssertionError(kind)
 
 

@@ -153,6 +153,17 @@ def test_each_unary_op_gives_the_bits_of_the_kernel(kind):
     _check_one_chain(b, keep={first})
 
 
+@pytest.mark.parametrize("kind", ["tanh_grad", "sigmoid_grad", "rsqrt_grad", "sqrt_grad", "reciprocal_grad",
+                                  "relu_grad"])
+def test_each_gradient_op_gives_the_bits_of_the_kernel(kind):
+    x, y = _pairs((23, 23), "f")
+    for a, c in ((x, y), (y, x)):
+        b = _Builder()
+        first = b.kernel(kind, [b.tensor(a.shape, value=a), b.tensor(c.shape, value=c)])
+        b.kernel("neg", [first])
+        _check_one_chain(b, keep={first})
+
+
 def test_relu_turns_minus_zero_to_plus_zero_and_keeps_nan():
     b = _Builder()
     x = b.tensor((4,), value=[-0.0, np.nan, -1.0, 2.0])
