@@ -249,6 +249,38 @@ def fuse_chains(kernels: Sequence[ir.Kernel], readers: Mapping[int, Sequence[int
     return sorted(result, key=lambda ch: position[ch.kernels[-1].id])
 
 
+def defer_to_update(phases: tuple[list[ir.Kernel], list[ir.Kernel], list[ir.Kernel]], tensors: Sequence[ir.Tensor],
+                    keep: Collection[int]) -> tuple[list[ir.Kernel], list[ir.Kernel], list[ir.Kernel]]:
+    """`phases` (ir.phases) with the first phase's would-be chain members that only the optimizer reads and
+    that read only constants and read_variable outputs (an Adam slot times its decay: role "forward", as it
+    needs no gradient) moved into the optimizer phase, just before their first reader, so they can join its
+    chains. The value is the same: such a kernel reads no batch, and a variable written in between makes
+    the executor copy its read (Executor._reads_without_copy runs on the new order)."""
+    forward, update, step = phases
+    producer = {t: k for k in forward for t in k.outputs}
+    in_update = {k.id for k in update}
+    readers: dict[int, set[int]] = {}
+    for k in (*forward, *update, *step):
+        for t in k.reads:
+            readers.setdefault(t, set()).add(k.id)
+    moved: dict[int, list[ir.Kernel]] = {}  # first reader id -> kernels to put before it
+    kept = []
+    for k in forward:
+        out = k.outputs[0] if len(k.outputs) == 1 else None
+        reading = readers.get(out, set()) if out is not None else set()
+        if (k.kind in KINDS and not k.vars and k.guard is None and k.check_guard is None and out not in keep
+                and reading and reading <= in_update
+                and all(tensors[t].const is not None
+                        or (t in producer and producer[t].kind == "read_variable") for t in k.inputs)):
+            first = next(u.id for u in update if u.id in reading)
+            moved.setdefault(first, []).append(k)
+        else:
+            kept.append(k)
+    if not moved:
+        return phases
+    return kept, [m for u in update for m in (*moved.get(u.id, ()), u)], step
+
+
 def _build(ops: list[_Op], shape: list[int], members: set[int], readers: Mapping[int, Sequence[int]],
            keep: Collection[int], tensors: Sequence[ir.Tensor], half_dtype: str) -> Chain | None:
     produced = {o.kernel.outputs[0] for o in ops}

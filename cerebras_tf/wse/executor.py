@@ -34,7 +34,8 @@ is the only reader of a bias_add's or fused_batch_norm's output runs fused into 
 a relu_grad into the max_pool_grad before it: one pass, the same bits (wse/fusion.py). Chains of
 elementwise kernels (an Adam update, layer-norm and GELU arithmetic, a `to_half` after them) run as one
 generated numba loop each, where the last member is, with the same bits (wse/chains.py; off with
-CEREBRAS_TF_FUSE_CHAINS=0 or CEREBRAS_TF_JIT=0).
+CEREBRAS_TF_FUSE_CHAINS=0 or CEREBRAS_TF_JIT=0); with chains on, phase 1's elementwise kernels that only
+the optimizer reads and that read only variables and constants (a slot times its decay) run in phase 2.
 """
 from __future__ import annotations
 
@@ -172,6 +173,8 @@ class Executor:
         program.verify()  # among others: no kernel reads a tensor of a later phase
         self._phases = ir.phases(program)
         self._keep = set(program.outputs.values()) | set(program.gradients)
+        if _chains.enabled():  # an optimizer slot's decay joins its update's chain
+            self._phases = _chains.defer_to_update(self._phases, program.tensors, self._keep)
         self._readers = self._readers_of()
         self._phase_of = {k.id: i for i, kernels in enumerate(self._phases) for k in kernels}
         self._variable_views: set[int] = set()  # tensors that may be a shared read's variable array (or a view)

@@ -287,6 +287,21 @@ def test_a_member_reading_a_variable_view_is_not_moved_past_a_variable_write():
     assert b.chains(keep=keep, volatile={0}) == []
 
 
+def test_a_slot_decay_that_only_the_update_reads_moves_into_the_update_phase():
+    """m * beta1 (role forward: it needs no gradient) joins the optimizer phase, before its first reader."""
+    b = _Builder()
+    m = b.tensor((4,))
+    read = ir.Kernel(0, "read_variable", [], [m], {}, vars=["m"])
+    decay = ir.Kernel(1, "mul", [b.tensor((), value=0.9, const=True), m], [b.tensor((4,))], {})
+    batch = ir.Kernel(2, "mul", [b.tensor((4,)), m], [b.tensor((4,))], {})  # reads the batch: stays
+    seed = ir.Kernel(3, "neg", [decay.outputs[0]], [b.tensor((4,))], {}, role="optimizer")
+    update = ir.Kernel(4, "add", [decay.outputs[0], batch.outputs[0]], [b.tensor((4,))], {}, role="optimizer")
+    phases = ([read, decay, batch], [seed, update], [])
+    forward, optimizer, step = chains_module.defer_to_update(phases, b.tensors, keep=set())
+    assert forward == [read, batch] and optimizer == [decay, seed, update] and step == []
+    assert chains_module.defer_to_update(phases, b.tensors, keep={decay.outputs[0]}) == phases
+
+
 def test_one_compile_per_structure():
     b = _Builder()
     first = b.kernel("add", [b.tensor((3,), value=np.ones(3)), b.tensor((), value=1.0)])
@@ -354,6 +369,23 @@ def test_steps_with_chains_give_the_bits_of_steps_without(tmp_path, name, fused,
             assert _same_bits(a.outputs[key], b.outputs[key]), key
     for key, value in variables.items():
         assert _same_bits(value, reference[key]), key
+
+
+def test_data_parallel_steps_with_chains_give_the_bits_of_steps_without(tmp_path):
+    from cerebras_tf.wse.executor import Executor
+
+    program, start, batches = _model(tmp_path, "transformer")
+    runs = []
+    for on in (True, False):
+        with use_chains(on):
+            executor = Executor(program, start, grad_scaler=GradScaler(loss_scale="dynamic"))
+        results = [executor.step_systems([batches[0], batches[1]]), executor.step_systems([batches[2], batches[0]])]
+        runs.append(([r.outputs for r in results], executor.variables()))
+    for a, b in zip(runs[0][0], runs[1][0]):
+        for key in a:
+            assert _same_bits(a[key], b[key]), key
+    for key, value in runs[0][1].items():
+        assert _same_bits(value, runs[1][1][key]), key
 
 
 def test_chain_intermediates_are_never_stored(tmp_path, monkeypatch):
