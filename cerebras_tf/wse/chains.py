@@ -169,10 +169,9 @@ def _member(kernel: ir.Kernel, tensors: Sequence[ir.Tensor], constants: Mapping[
 class _Open:
     """A chain being grown."""
 
-    def __init__(self, op: _Op, shape: list[int], position: int) -> None:
+    def __init__(self, op: _Op, shape: list[int]) -> None:
         self.ops = [op]
         self.shape = shape
-        self.first = position
         self.members = {op.kernel.id}
 
     def produced(self) -> set[int]:
@@ -225,15 +224,13 @@ def fuse_chains(kernels: Sequence[ir.Kernel], readers: Mapping[int, Sequence[int
         join = list(dict.fromkeys(producer[t] for t in op.operands if t in producer and producer[t].shape == shape))
         while join:  # drop the chains that cannot wait until `at` (read in between by a kernel outside them)
             members = set().union(*(c.members for c in join)) | {kernel.id}
-            blocked = [c for c in join if outside_before(c, members, at)
-                       or moved_past_write(c.ops, at)]
+            blocked = [c for c in join if outside_before(c, members, at) or moved_past_write(c.ops, at)]
             if not blocked:
                 break
             join = [c for c in join if c not in blocked]
-        grown = _Open(op, shape, at)
+        grown = _Open(op, shape)
         if join:
             grown.ops = sorted([o for c in join for o in c.ops] + [op], key=lambda o: position[o.kernel.id])
-            grown.first = min(c.first for c in join)
             grown.members = {o.kernel.id for o in grown.ops}
             chains = [c for c in chains if c not in join]
         chains.append(grown)
