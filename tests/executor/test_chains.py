@@ -311,6 +311,28 @@ def test_one_compile_per_structure():
     assert chains_module._compiled(one.source) is chains_module._compiled(two.source)
 
 
+def test_loops_are_kept_as_files_for_numbas_disk_cache(tmp_path, monkeypatch):
+    """The generated source goes to the cache dir (numba caches its machine code beside it); where no file
+    can be written, the loop is compiled from memory and still runs."""
+    def chain() -> chains_module.Chain:
+        b = _Builder()
+        first = b.kernel("sub", [b.tensor((3,), value=[1.0, 2.0, 4.0]), b.tensor((), value=1.0)])
+        (found,) = b.chains(keep={b.kernel("sqrt", [first])})
+        assert _run(found, b.values)[found.outputs[0]].tolist() == [0.0, 1.0, float(np.sqrt(np.float32(3.0)))]
+        return found
+
+    monkeypatch.setenv(chains_module.CACHE_ENV_VAR, str(tmp_path / "chains"))
+    monkeypatch.setattr(chains_module, "_compiled_loops", {})
+    source = chain().source
+    (path,) = (tmp_path / "chains").glob("chain_*.py")
+    assert path.read_text() == source
+    assert list((tmp_path / "chains" / "__pycache__").glob("*.nbi"))
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv(chains_module.CACHE_ENV_VAR, str(tmp_path / "file" / "chains"))
+    monkeypatch.setattr(chains_module, "_compiled_loops", {})
+    chain()
+
+
 # ---- whole steps ------------------------------------------------------------------------------------------
 
 def _model(tmp_path, name: str):
