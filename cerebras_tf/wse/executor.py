@@ -33,6 +33,10 @@ kernels whose inputs are ready run at once on the host's threads (wse/dataflow.p
 as one at a time, in program order, which CEREBRAS_TF_EXECUTOR_THREADS=1 or `threads=1` selects).
 A relu that is the only reader of a bias_add's or fused_batch_norm's output runs fused into it, as
 does a relu_grad into the max_pool_grad before it: one pass, the same bits (wse/fusion.py).
+Chains of elementwise kernels (an Adam update, layer-norm and GELU arithmetic, a `to_half` after them)
+run as one generated numba loop each, where the last member is, with the same bits (wse/chains.py; off
+with CEREBRAS_TF_FUSE_CHAINS=0 or CEREBRAS_TF_JIT=0); with chains on, phase 1's elementwise kernels that
+only the optimizer reads and that read only variables and constants (a slot times its decay) run in phase 2.
 """
 from __future__ import annotations
 
@@ -44,6 +48,7 @@ import numpy as np
 
 from cerebras_tf.amp import FLOAT32_MODE, GradScaler, get_half_dtype
 from cerebras_tf import ir
+from cerebras_tf.wse import chains as _chains
 from cerebras_tf.wse import dataflow, memory, threads
 from cerebras_tf.wse.fusion import fused_pairs
 from cerebras_tf.wse.kernels import KERNELS, NUMPY_HOST_KERNELS, HostKernels, KernelContext, KernelInputError, np_dtype
@@ -73,13 +78,29 @@ class StepResult:
 
 @dataclasses.dataclass
 class _Planned:
-    """One kernel (or a fused pair: the kernel and its `tail`), resolved once for every step."""
+    """One kernel (or a fused pair: the kernel and its `tail`; or a chain), resolved once for every step.
+
+    For a chain (wse/chains.py), `kernel` is a stand-in of kind "chain" (its last member's id, the chain's
+    inputs and outputs, no guard) and `chain` the chain itself; it runs where its last member is."""
 
     kernel: ir.Kernel
     fn: Callable[[list[np.ndarray], Mapping, KernelContext], list[np.ndarray]]
     ctx: KernelContext
     writes: bool  # writes variables (skipped on a non-finite step with a GradScaler)
     tail: ir.Kernel | None = None  # fused into this one (wse/fusion.py): its output replaces kernel's first
+    chain: _chains.Chain | None = None  # the chain this stands for
+
+    @property
+    def members(self) -> list[ir.Kernel]:
+        """The program's kernels this runs."""
+        if self.chain is not None:
+            return self.chain.kernels
+        return [self.kernel] if self.tail is None else [self.kernel, self.tail]
+
+    @property
+    def inputs(self) -> list[int]:
+        """The tensors fn takes, in order."""
+        return self.kernel.inputs
 
     @property
     def outputs(self) -> list[int]:
@@ -144,6 +165,8 @@ class Executor:
         program.verify()  # among others: no kernel reads a tensor of a later phase
         self._phases = ir.phases(program)
         self._keep = set(program.outputs.values()) | set(program.gradients)
+        if _chains.enabled():  # an optimizer slot's decay joins its update's chain
+            self._phases = _chains.defer_to_update(self._phases, program.tensors, self._keep)
         self._readers = self._readers_of()
         self._last_use = {tid: ids[-1] for tid, ids in self._readers.items()}  # readers are in program order
         self._shared_reads, self._views = self._reads_without_copy()
@@ -271,16 +294,25 @@ class Executor:
         return array
 
     def _plan(self, kernels: list[ir.Kernel]) -> list[_Planned]:
-        """Resolve each kernel (or fused pair) of a phase once: its function and context."""
+        """Resolve each kernel (or fused pair, or chain) of a phase once: its function and context. Pairs
+        (wse/fusion.py) first, then chains (wse/chains.py) among the other kernels."""
         planned = []
         pairs = fused_pairs(kernels, self._readers, self._keep)
         tails = {tail.id for tail in pairs.values()}
+        chains = self._chains(kernels, exclude=set(pairs) | tails)
+        chain_of = {m.id: chain for chain in chains for m in chain.kernels}
         for kernel in kernels:
-            if kernel.id in tails:
+            chain = chain_of.get(kernel.id)
+            if kernel.id in tails or (chain is not None and chain.kernels[-1] is not kernel):
                 continue
             tail = pairs.get(kernel.id)
             fn: Callable[..., list[np.ndarray]]
-            if tail is not None:
+            if chain is not None:
+                fn = chain.fn
+                kernel = ir.Kernel(id=kernel.id, kind="chain", inputs=chain.inputs, outputs=chain.outputs, attrs={},
+                                   role=kernel.role, layer=kernel.layer,
+                                   tf_name=" + ".join(m.tf_name or m.kind for m in chain.kernels))
+            elif tail is not None:
                 fn = FUSED[(kernel.kind, tail.kind)].fn
             elif kernel.kind == "read_variable" and kernel.id in self._shared_reads:
                 fn = _read_shared
@@ -291,12 +323,20 @@ class Executor:
             ctx = KernelContext(variables=[self._variables[name] for name in kernel.vars], salt=kernel.id,
                                 host_kernels=self.host_kernels)
             writes = bool(kernel.vars) and kernel.kind not in ir.READS_VARIABLES
-            planned.append(_Planned(kernel, fn, ctx, writes, tail=tail))
+            planned.append(_Planned(kernel, fn, ctx, writes, tail=tail, chain=chain))
         return planned
+
+    def _chains(self, kernels: list[ir.Kernel], exclude: set[int]) -> list[_chains.Chain]:
+        """The chains of elementwise kernels among `kernels` (none when switched off: chains.enabled())."""
+        if not _chains.enabled():
+            return []
+        return _chains.fuse_chains(kernels, self._readers, self._keep, tensors=self.program.tensors,
+                                   half_dtype=self.half_dtype, constants=self._constants, exclude=exclude,
+                                   volatile=set(self._views))
 
     def _schedule(self, plan: list[_Planned]) -> dataflow.Schedule:
         """The phase's dependency graph (wse/dataflow.py): what each unit reads, writes and may refuse."""
-        ids = {k.id for p in plan for k in (p.kernel, p.tail) if k is not None}
+        ids = {k.id for p in plan for k in p.members}
         units = []
         for p in plan:
             reads = p.reads

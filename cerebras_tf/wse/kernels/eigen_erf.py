@@ -2,8 +2,8 @@
 
 tf.math.erf on float32 is Eigen's `generic_fast_erf` (SpecialFunctionsImpl.h), one of two forms:
 
-* "clamped" (the Eigen of TF 2.16 and earlier; 2.15 and 2.16 checked): erf(x) = x*P(x^2) / Q(x^2) with P of degree 4 and Q of
-  degree 6 in x^2, and sign(x) where |x| >= 3.8325 (erfinv(1 - 2^-23)).
+* "clamped" (the Eigen of TF 2.16 and earlier; 2.15 and 2.16 checked): erf(x) = x*P(x^2) / Q(x^2) with P
+  of degree 4 and Q of degree 6 in x^2, and sign(x) where |x| >= 3.8325 (erfinv(1 - 2^-23)).
 * "polevl" (the Eigen of later TF; 2.21 checked): x^2 capped at 16, P and Q of degree 5 in x^2, the
   quotient clamped to [-1, 1].
 

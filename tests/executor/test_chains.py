@@ -1,0 +1,426 @@
+"""Chains of elementwise kernels (wse/chains.py): which kernels form one, and that a chain's generated loop
+gives the bits of its kernels run one by one (each op, each broadcast, NaN/inf/-0/subnormals), up to the
+payload of a NaN; and that whole training steps with chains give the variables, losses and outputs of the
+same steps without them, bit for bit."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from cerebras_tf import amp, ir
+from cerebras_tf.amp import GradScaler
+from cerebras_tf.wse import chains as chains_module
+from cerebras_tf.wse.chains import fuse_chains, use_chains
+from cerebras_tf.wse.executor import Executor
+from cerebras_tf.wse.kernels import KERNELS, KernelContext, _jit
+from cerebras_tf.wse.kernels.half import round_half
+
+pytestmark = pytest.mark.skipif(not _jit.enabled(), reason="chains need numba's loops")
+
+SPECIALS = np.array([0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 3.0, np.inf, -np.inf, np.nan, -np.nan, 1e-45, -1e-40,
+                     3.4e38, -3.4e38, 65504.0, 65520.0, -65519.0, 6e-8, 1e-8, 0.1, 1.0000001, 2.0 ** -126],
+                    np.float32)
+NEGATIVE_NAN = np.array([0xFFC00001], np.uint32).view(np.float32)[0]
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal bit for bit, where any NaN equals any NaN (the payload a NaN carries through is the hardware's)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype.kind != "f":
+        return bool(np.array_equal(a, b))
+    nan_a, nan_b = np.isnan(a), np.isnan(b)
+    return bool(np.array_equal(nan_a, nan_b)
+                and np.array_equal(a[~nan_a].view(np.uint32), b[~nan_b].view(np.uint32)))
+
+
+def _readers(kernels: list[ir.Kernel]) -> dict[int, list[int]]:
+    readers: dict[int, list[int]] = {}
+    for k in kernels:
+        for t in dict.fromkeys(k.reads):
+            readers.setdefault(t, []).append(k.id)
+    return readers
+
+
+class _Builder:
+    """Tensors and kernels of a test phase."""
+
+    def __init__(self) -> None:
+        self.tensors: list[ir.Tensor] = []
+        self.kernels: list[ir.Kernel] = []
+        self.values: dict[int, np.ndarray] = {}
+        self.constants: dict[int, np.ndarray] = {}
+
+    def tensor(self, shape, dtype: str = "float32", value=None, const: bool = False) -> int:
+        tid = len(self.tensors)
+        self.tensors.append(ir.Tensor(tid, list(shape), dtype, f"t{tid}", ir.Const() if const else None))
+        if value is not None:
+            self.values[tid] = np.asarray(value, np.bool_ if dtype == "bool" else np.float32).reshape(shape)
+            if const:
+                self.constants[tid] = self.values[tid]
+        return tid
+
+    def kernel(self, kind: str, inputs: list[int], shape=None, dtype: str = "float32", **kw) -> int:
+        out = self.tensor(self.tensors[inputs[0]].shape if shape is None else shape, dtype)
+        attrs = kw.pop("attrs", {})
+        self.kernels.append(ir.Kernel(len(self.kernels), kind, inputs, [out], attrs, **kw))
+        return out
+
+    def chains(self, keep=(), half: str = "float32", **kw) -> list[chains_module.Chain]:
+        return fuse_chains(self.kernels, _readers(self.kernels), set(keep), tensors=self.tensors, half_dtype=half,
+                           constants=self.constants, **kw)
+
+    def reference(self, half: str) -> dict[int, np.ndarray]:
+        """Every tensor, from the kernels one by one (as the executor runs them unfused)."""
+        values = dict(self.values)
+        with np.errstate(all="ignore"):
+            for k in self.kernels:
+                inputs = [values[t] for t in k.inputs]
+                if k.kind == "to_half":
+                    out = [inputs[0] if half == "float32" else round_half(inputs[0], half)]
+                else:
+                    out = KERNELS[k.kind](inputs, k.attrs, KernelContext())
+                values[k.outputs[0]] = out[0]
+        return values
+
+
+def _run(chain: chains_module.Chain, values: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    with np.errstate(all="ignore"):
+        return dict(zip(chain.outputs, chain.fn([values[t] for t in chain.inputs], {}, KernelContext())))
+
+
+def _check_one_chain(b: _Builder, keep, half: str = "float32") -> chains_module.Chain:
+    found = b.chains(keep=keep, half=half)
+    assert len(found) == 1 and [k.id for k in found[0].kernels] == [k.id for k in b.kernels], found
+    chain = found[0]
+    reference = b.reference(half)
+    for tid, value in _run(chain, b.values).items():
+        assert _same_bits(value, reference[tid]), (tid, value, reference[tid], chain.source)
+    return chain
+
+
+def _pairs(shape_out, kind: str):
+    """x (the output's shape) and y (`kind`: f, s, r, c) covering every pair of SPECIALS, then random values."""
+    rng = np.random.default_rng(7)
+    size = math.prod(shape_out)
+    x = rng.standard_normal(size).astype(np.float32)
+    cols = shape_out[-1]
+    y_shape = {"f": shape_out, "s": (), "r": (cols,), "c": (*shape_out[:-1], 1)}[kind]
+    y = rng.standard_normal(math.prod(y_shape)).astype(np.float32)
+    pairs = list(itertools.product(SPECIALS, SPECIALS))
+    if kind == "f":
+        n = min(len(pairs), size)
+        x[:n], y[:n] = zip(*pairs[:n])
+    elif kind == "r":  # every row meets the row vector: specials in both
+        x[: len(SPECIALS) * cols: cols] = SPECIALS[: size // cols]
+        y[: len(SPECIALS)] = SPECIALS[: y.size]
+    else:
+        x[: len(SPECIALS)] = SPECIALS
+        y[: len(SPECIALS)] = SPECIALS[: y.size]
+    x[-1] = NEGATIVE_NAN
+    return x.reshape(shape_out), y.reshape(y_shape)
+
+
+BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "squared_difference"]
+COMPARE = ["equal", "not_equal", "less", "less_equal", "greater", "greater_equal"]
+
+
+@pytest.mark.parametrize("kind", BINARY + COMPARE)
+@pytest.mark.parametrize("broadcast", ["f", "s", "r", "c"])
+@pytest.mark.parametrize("shape", [(23, 23), (3, 5, 40)])
+def test_each_binary_op_and_broadcast_gives_the_bits_of_the_kernel(kind, broadcast, shape):
+    x, y = _pairs(shape, broadcast)
+    for a, c in ((x, y), (y, x)) if broadcast == "f" else ((x, y),):
+        b = _Builder()
+        first = b.kernel(kind, [b.tensor(a.shape, value=a), b.tensor(c.shape, value=c)], shape=shape,
+                         dtype="bool" if kind in COMPARE else "float32")
+        if kind in COMPARE:
+            b.kernel("logical_not", [first], dtype="bool")
+        else:
+            b.kernel("neg", [first])
+        _check_one_chain(b, keep={first})
+
+
+@pytest.mark.parametrize("kind", ["neg", "abs", "square", "sqrt", "reciprocal", "rsqrt", "relu"])
+def test_each_unary_op_gives_the_bits_of_the_kernel(kind):
+    x, _ = _pairs((40, 23), "f")
+    b = _Builder()
+    first = b.kernel(kind, [b.tensor(x.shape, value=x)])
+    b.kernel("neg", [first])
+    _check_one_chain(b, keep={first})
+
+
+@pytest.mark.parametrize("kind", ["tanh_grad", "sigmoid_grad", "rsqrt_grad", "sqrt_grad", "reciprocal_grad",
+                                  "relu_grad"])
+def test_each_gradient_op_gives_the_bits_of_the_kernel(kind):
+    x, y = _pairs((23, 23), "f")
+    for a, c in ((x, y), (y, x)):
+        b = _Builder()
+        first = b.kernel(kind, [b.tensor(a.shape, value=a), b.tensor(c.shape, value=c)])
+        b.kernel("neg", [first])
+        _check_one_chain(b, keep={first})
+
+
+def test_relu_turns_minus_zero_to_plus_zero_and_keeps_nan():
+    b = _Builder()
+    x = b.tensor((4,), value=[-0.0, np.nan, -1.0, 2.0])
+    first = b.kernel("relu", [x])
+    b.kernel("mul", [first, b.tensor((), value=1.0)])
+    chain = _check_one_chain(b, keep={first})
+    out = _run(chain, b.values)[first]
+    assert out.view(np.uint32)[0] == 0 and np.isnan(out[1]) and out[2] == 0 and out[3] == 2
+
+
+@pytest.mark.parametrize("exponent", [0.5, 2.0, 3.0, -1.0])
+def test_pow_by_a_constant_takes_the_kernels_rewritten_form(exponent):
+    x, _ = _pairs((40, 23), "f")
+    b = _Builder()
+    first = b.kernel("pow", [b.tensor(x.shape, value=x), b.tensor((), value=exponent, const=True)])
+    b.kernel("neg", [first])
+    _check_one_chain(b, keep={first})
+
+
+def test_pow_by_another_exponent_is_not_a_member():
+    b = _Builder()
+    first = b.kernel("pow", [b.tensor((4,), value=np.ones(4)), b.tensor((), value=1.5, const=True)])
+    b.kernel("neg", [first])
+    assert b.chains() == []
+
+
+@pytest.mark.parametrize("cond_kind", ["f", "s", "r", "c"])
+def test_select_comparisons_logic_and_add_n(cond_kind):
+    rng = np.random.default_rng(3)
+    x, y = _pairs((23, 23), "f")
+    cond_shape = {"f": (23, 23), "s": (), "r": (23,), "c": (23, 1)}[cond_kind]
+    b = _Builder()
+    tx, ty = b.tensor(x.shape, value=x), b.tensor(y.shape, value=y)
+    cond = b.tensor(cond_shape, "bool", value=rng.random(cond_shape) < 0.5)
+    ge = b.kernel("greater_equal", [tx, ty], dtype="bool")
+    both = b.kernel("logical_and", [ge, cond], shape=(23, 23), dtype="bool")
+    either = b.kernel("logical_or", [both, cond], shape=(23, 23), dtype="bool")
+    picked = b.kernel("select", [either, tx, ty])
+    total = b.kernel("add_n", [picked, tx, ty, picked])
+    _check_one_chain(b, keep={ge, both, picked, total})
+
+
+@pytest.mark.parametrize("half", ["float16", "bfloat16", "cbfloat16", "float32"])
+def test_to_half_after_an_elementwise_producer_rounds_as_the_executor_does(half):
+    rng = np.random.default_rng(5)
+    x = np.concatenate([SPECIALS, rng.standard_normal(500).astype(np.float32) * np.float32(1e4),
+                        (rng.standard_normal(500) * 1e-6).astype(np.float32),
+                        np.array([65519.99, 65520.0, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26, NEGATIVE_NAN,
+                                  4290772992.0, 3.3895e38], np.float32)])
+    b = _Builder()
+    first = b.kernel("mul", [b.tensor(x.shape, value=x), b.tensor((), value=1.0)])
+    rounded = b.kernel("to_half", [first], dtype=ir.HALF)
+    _check_one_chain(b, keep={rounded}, half=half)
+
+
+def test_scalar_chains_and_the_layer_norm_broadcasts():
+    """Scalars only (a learning-rate schedule), and x * (rsqrt-column * gamma-row) - ... as layer norm's."""
+    b = _Builder()
+    step = b.tensor((), value=7.0)
+    lr = b.kernel("mul", [step, b.tensor((), value=1e-3)])
+    assert len(b.chains(keep={b.kernel("minimum", [lr, b.tensor((), value=5e-3)])})) == 1
+    rng = np.random.default_rng(1)
+    b = _Builder()
+    x = b.tensor((6, 8), value=rng.standard_normal((6, 8)))
+    rstd = b.tensor((6, 1), value=rng.random((6, 1)))
+    mean = b.tensor((6, 1), value=rng.standard_normal((6, 1)))
+    scale = b.kernel("mul", [rstd, b.tensor((8,), value=rng.standard_normal(8))], shape=(6, 8))
+    scaled = b.kernel("mul", [x, scale])
+    shift = b.kernel("mul", [mean, scale], shape=(6, 8))
+    centred = b.kernel("sub", [b.tensor((8,), value=rng.standard_normal(8)), shift], shape=(6, 8))
+    _check_one_chain(b, keep={scale, b.kernel("add", [scaled, centred])})
+
+
+def test_a_member_output_read_later_outside_the_chain_is_exported_and_others_are_not():
+    b = _Builder()
+    x, y = b.tensor((5, 3), value=np.arange(15)), b.tensor((5, 3), value=np.ones(15))
+    s = b.kernel("add", [x, y])
+    p = b.kernel("mul", [s, s])
+    n = b.kernel("neg", [p])
+    b.kernel("sum", [s], shape=())  # after the chain: s is an output of it
+    (chain,) = b.chains(keep={n})
+    assert [k.kind for k in chain.kernels] == ["add", "mul", "neg"]
+    assert chain.inputs == [x, y] and chain.outputs == [s, n]  # p is never stored
+
+
+def test_a_kernel_between_that_reads_a_member_output_stops_the_chain_there():
+    b = _Builder()
+    x = b.tensor((5, 3), value=np.arange(15))
+    s = b.kernel("add", [x, x])
+    b.kernel("sum", [s], shape=())  # reads s before the mul: the chain cannot wait for the mul
+    p = b.kernel("mul", [s, x])
+    (chain,) = b.chains(keep={b.kernel("neg", [p])})
+    assert [k.kind for k in chain.kernels] == ["mul", "neg"] and chain.inputs == [s, x]
+
+
+def test_what_is_not_a_member():
+    b = _Builder()
+    x = b.tensor((4, 4), value=np.ones(16))
+    b.kernel("exp", [b.kernel("add", [x, x])])  # exp: numpy's SIMD bits are not libm's
+    g = b.tensor((), "bool", value=True)
+    b.kernel("neg", [b.kernel("add", [x, x], guard=g)])  # guarded
+    b.kernel("neg", [b.kernel("add", [b.tensor((4, 4), "int32"), b.tensor((4, 4), "int32")], dtype="int32")])
+    mask = b.tensor((4, 1, 1, 4), value=np.ones(16))  # neither a row nor a column of [4, 4, 4, 4]
+    b.kernel("neg", [b.kernel("add", [b.tensor((4, 4, 4, 4)), mask])])
+    b.kernel("neg", [b.kernel("add", [x, x]), ], shape=(4, 4))
+    found = b.chains(exclude={len(b.kernels) - 2})  # the last pair's producer is in a fused pair
+    assert found == []
+
+
+def test_a_member_reading_a_variable_view_is_not_moved_past_a_variable_write():
+    def build() -> tuple[_Builder, set[int]]:
+        b = _Builder()
+        v = b.tensor((4,), value=np.ones(4))  # a shared read_variable's output: the variable's array itself
+        m = b.kernel("mul", [v, v])
+        b.kernels.append(ir.Kernel(len(b.kernels), "assign_variable", [b.tensor((4,), value=np.zeros(4))], [], {},
+                                   vars=["v"]))
+        return b, {b.kernel("neg", [m])}
+    b, keep = build()
+    assert len(b.chains(keep=keep)) == 1
+    b, keep = build()
+    assert b.chains(keep=keep, volatile={0}) == []
+
+
+def test_a_slot_decay_that_only_the_update_reads_moves_into_the_update_phase():
+    """m * beta1 (role forward: it needs no gradient) joins the optimizer phase, before its first reader."""
+    b = _Builder()
+    m = b.tensor((4,))
+    read = ir.Kernel(0, "read_variable", [], [m], {}, vars=["m"])
+    decay = ir.Kernel(1, "mul", [b.tensor((), value=0.9, const=True), m], [b.tensor((4,))], {})
+    batch = ir.Kernel(2, "mul", [b.tensor((4,)), m], [b.tensor((4,))], {})  # reads the batch: stays
+    seed = ir.Kernel(3, "neg", [decay.outputs[0]], [b.tensor((4,))], {}, role="optimizer")
+    update = ir.Kernel(4, "add", [decay.outputs[0], batch.outputs[0]], [b.tensor((4,))], {}, role="optimizer")
+    phases = ([read, decay, batch], [seed, update], [])
+    forward, optimizer, step = chains_module.defer_to_update(phases, b.tensors, keep=set())
+    assert forward == [read, batch] and optimizer == [decay, seed, update] and step == []
+    assert chains_module.defer_to_update(phases, b.tensors, keep={decay.outputs[0]}) == phases
+
+
+def test_one_compile_per_structure():
+    b = _Builder()
+    first = b.kernel("add", [b.tensor((3,), value=np.ones(3)), b.tensor((), value=1.0)])
+    keep = {b.kernel("sqrt", [first])}
+    one, two = b.chains(keep=keep)[0], b.chains(keep=keep)[0]
+    assert one.source == two.source
+    assert chains_module._compiled(one.source) is chains_module._compiled(two.source)
+
+
+def test_loops_are_kept_as_files_for_numbas_disk_cache(tmp_path, monkeypatch):
+    """The generated source goes to the cache dir (numba caches its machine code beside it); where no file
+    can be written, the loop is compiled from memory and still runs."""
+    def chain() -> chains_module.Chain:
+        b = _Builder()
+        first = b.kernel("sub", [b.tensor((3,), value=[1.0, 2.0, 4.0]), b.tensor((), value=1.0)])
+        (found,) = b.chains(keep={b.kernel("sqrt", [first])})
+        assert _run(found, b.values)[found.outputs[0]].tolist() == [0.0, 1.0, float(np.sqrt(np.float32(3.0)))]
+        return found
+
+    monkeypatch.setenv(chains_module.CACHE_ENV_VAR, str(tmp_path / "chains"))
+    monkeypatch.setattr(chains_module, "_compiled_loops", {})
+    source = chain().source
+    (path,) = (tmp_path / "chains").glob("chain_*.py")
+    assert path.read_text() == source
+    assert list((tmp_path / "chains" / "__pycache__").glob("*.nbi"))
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv(chains_module.CACHE_ENV_VAR, str(tmp_path / "file" / "chains"))
+    monkeypatch.setattr(chains_module, "_compiled_loops", {})
+    chain()
+
+
+# ---- whole steps ------------------------------------------------------------------------------------------
+
+def _model(tmp_path, name: str):
+    import tensorflow as tf  # noqa: F401  (the model functions build TF graphs)
+    from estimator import ModeKeys
+
+    from cerebras_tf import CerebrasEstimator, CSRunConfig
+    from cerebras_tf.compiler import initial
+    from cerebras_tf.precheck import precheck
+
+    if name == "mlp":
+        from benchmarks.bench_models import mlp_input_fn as input_fn
+        from benchmarks.bench_models import mlp_model_fn as model_fn
+        params: dict = {}
+    elif name == "cnn":
+        from examples.zoo.cnn import input_fn, model_fn
+        params = {"batch_size": 8, "image_size": 12, "filters": [4, 8, 8], "num_examples": 64}
+    else:
+        from examples.zoo.transformer import input_fn, model_fn
+        params = {}
+    estimator = CerebrasEstimator(model_fn, model_dir=str(tmp_path / "model"),
+                                  config=CSRunConfig(cs_ip="localhost:9000", tf_random_seed=1), params=params)
+    model = precheck(estimator, input_fn, ModeKeys.TRAIN)
+    program = estimator.compile(input_fn).program
+    batches = [batch for batch, _ in zip(input_fn(params).as_numpy_iterator(), range(3))]
+    return program, initial.initial_values(model, program), batches
+
+
+@pytest.fixture
+def half_dtype(request):
+    before = amp.get_half_dtype()
+    amp.set_half_dtype(request.param)
+    yield request.param
+    amp.set_half_dtype(before)
+
+
+@pytest.mark.parametrize("half_dtype", ["float32", "float16"], indirect=True)
+@pytest.mark.parametrize("name,fused", [("transformer", 100), ("cnn", 10), ("mlp", 0)])
+def test_steps_with_chains_give_the_bits_of_steps_without(tmp_path, name, fused, half_dtype):
+    from cerebras_tf.wse.executor import Executor
+
+    program, start, batches = _model(tmp_path, name)
+    runs = []
+    for on in (True, False):
+        with use_chains(on):
+            executor = Executor(program, start, grad_scaler=GradScaler(loss_scale="dynamic"))
+        members = sum(len(p.chain.kernels) for plan in executor._plans for p in plan if p.chain is not None)
+        assert members >= fused if on else members == 0
+        results = [executor.step(features, labels) for features, labels in batches]
+        runs.append((results, executor.variables()))
+    (with_chains, variables), (without, reference) = runs
+    for a, b in zip(with_chains, without):
+        assert a.finite == b.finite and a.loss_scale == b.loss_scale
+        assert a.outputs.keys() == b.outputs.keys()
+        for key in a.outputs:
+            assert _same_bits(a.outputs[key], b.outputs[key]), key
+    for key, value in variables.items():
+        assert _same_bits(value, reference[key]), key
+
+
+def test_data_parallel_steps_with_chains_give_the_bits_of_steps_without(tmp_path):
+    from cerebras_tf.wse.executor import Executor
+
+    program, start, batches = _model(tmp_path, "transformer")
+    runs = []
+    for on in (True, False):
+        with use_chains(on):
+            executor = Executor(program, start, grad_scaler=GradScaler(loss_scale="dynamic"))
+        results = [executor.step_systems([batches[0], batches[1]]), executor.step_systems([batches[2], batches[0]])]
+        runs.append(([r.outputs for r in results], executor.variables()))
+    for a, b in zip(runs[0][0], runs[1][0]):
+        for key in a:
+            assert _same_bits(a[key], b[key]), key
+    for key, value in runs[0][1].items():
+        assert _same_bits(value, runs[1][1][key]), key
+
+
+def test_chain_intermediates_are_never_stored(tmp_path):
+    """In a transformer step, the tensors only a chain's members read are no planned unit's output and no
+    unit's input: the executor stores only units' outputs (wse/dataflow.py's `complete`), so they never take
+    memory beyond the loop that computes them."""
+    program, start, batches = _model(tmp_path, "transformer")
+    with use_chains(True):
+        executor = Executor(program, start)
+    units = [p for plan in executor._plans for p in plan]
+    internal = {k.outputs[0] for p in units if p.chain is not None for k in p.chain.kernels} - {
+        t for p in units for t in p.outputs}
+    assert len(internal) > 100
+    assert not internal & {t for p in units for t in p.reads}
+    executor.step(*batches[0])  # and the step runs
