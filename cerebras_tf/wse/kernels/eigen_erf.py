@@ -2,15 +2,15 @@
 
 tf.math.erf on float32 is Eigen's `generic_fast_erf` (SpecialFunctionsImpl.h), one of two forms:
 
-* "clamped" (the Eigen of TF 2.16 and earlier; 2.15 and 2.16 checked): erf(x) = x*P(x^2) / Q(x^2) with P
+* "clamped" (the Eigen of TF 2.19 and earlier; 2.15 to 2.19 checked): erf(x) = x*P(x^2) / Q(x^2) with P
   of degree 4 and Q of degree 6 in x^2, and sign(x) where |x| >= 3.8325 (erfinv(1 - 2^-23)).
-* "polevl" (the Eigen of later TF; 2.21 checked): x^2 capped at 16, P and Q of degree 5 in x^2, the
+* "polevl" (the Eigen of TF 2.20 and later; 2.20 and 2.21 checked): x^2 capped at 16, P and Q of degree 5 in x^2, the
   quotient clamped to [-1, 1].
 
 Both evaluate the polynomials by Horner's rule with a separate multiply and add (TF's wheels are built
 without FMA) in float32, and TF's threads flush subnormals (DAZ): a subnormal x gives a zero of its sign.
-Which form the installed tensorflow uses is read from its version (package metadata: no TF import): 2.16
-and earlier are "clamped", later ones "polevl".
+Which form the installed tensorflow uses is read from its version (package metadata: no TF import): up to
+2.19 "clamped", from 2.20 "polevl" (each release's latest patch compared with tf.math.erf bit for bit).
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def tf_form() -> str:
         except importlib.metadata.PackageNotFoundError:
             continue
         major, minor = (int(p) if p.isdigit() else 0 for p in (version.split(".") + ["0"])[:2])
-        return "clamped" if (major, minor) < (2, 17) else "polevl"
+        return "clamped" if (major, minor) < (2, 20) else "polevl"
     return "polevl"
 
 
