@@ -29,7 +29,8 @@ fused_batch_norm. Ours likewise: a relu the executor fuses into its bias_add or 
 Both sides run independent kernels / ops at once (ours: cerebras_tf/wse/dataflow.py, on the host's
 cores; TF's inter-op parallelism, with intra-op threads too), so a per-kernel sum exceeds the wall
 time. The table shows how far: "any kernel running" is the part of a step some kernel (op) runs in,
-"2+ at once" the part two or more run in (both from the kernels' start and end times, per step);
+"2+ at once" the part two or more run in (both from the kernels' start and end times, per step;
+ours runs side by side or one at a time, whichever its first steps measured faster: the "threads" row);
 "outside kernels" (our profiled wall time minus the time any kernel runs) is the executor's own work
 between kernels.
 
@@ -114,7 +115,7 @@ def _our_profile(prepared: bench_models.Prepared, provider: str, steps: int) -> 
         executor.step(*batches[i % len(batches)])
     profiled = (time.perf_counter() - start) / steps * 1e3
     running, together = _overlap(intervals)
-    return {"wall": wall, "profiled_wall": profiled, "running": running / steps * 1e3,
+    return {"wall": wall, "profiled_wall": profiled, "running": running / steps * 1e3, "threads": executor.threads,
             "together": together / steps * 1e3,
             "ms": {k: v / steps * 1e3 for k, v in seconds.items()}, "n": {k: v / steps for k, v in calls.items()}}
 
@@ -216,6 +217,8 @@ def _table(ours: dict[str, dict[str, Any]], theirs: dict[str, Any]) -> list[str]
     lines.append(f"{'outside kernels (profiled)':<30}"
                  + "".join(f" {ours[x]['profiled_wall'] - ours[x]['running']:>17.2f} {'':>5}"
                            for x in numerics) + f" {'—':>9}")
+    lines.append(f"{'threads (measured choice)':<30}" + "".join(f" {str(ours[x]['threads']):>17} {'':>5}"
+                                                                for x in numerics) + f" {'—':>9}")
     lines.append(f"{'wall, profiled':<30}" + "".join(f" {ours[x]['profiled_wall']:>17.2f} {'':>5}" for x in numerics)
                  + f" {theirs['profiled_wall']:>9.2f}")
     lines.append(f"{'wall, unprofiled':<30}" + "".join(f" {ours[x]['wall']:>17.2f} {'':>5}" for x in numerics)

@@ -45,9 +45,10 @@ from cerebras_tf.wse import threads
 ENV_VAR = "CEREBRAS_TF_EXECUTOR_THREADS"
 
 
-def executor_threads() -> int:
-    """Threads the executor runs kernels on: CEREBRAS_TF_EXECUTOR_THREADS, else every core this process may use
-    (1: one kernel at a time, in program order)."""
+def thread_choices() -> tuple[int, ...]:
+    """The thread counts the executor may run kernels on: CEREBRAS_TF_EXECUTOR_THREADS's alone when it is set
+    (1: one kernel at a time, in program order), else one and every core this process may use, between which
+    a ThreadChoice picks."""
     value = os.environ.get(ENV_VAR, "").strip()
     if value:
         try:
@@ -57,8 +58,44 @@ def executor_threads() -> int:
                              "a time)") from None
         if count < 1:
             raise ValueError(f"{ENV_VAR}={value!r}: the executor needs at least 1 thread")
-        return count
-    return threads.host_threads()
+        return (count,)
+    return tuple(sorted({1, threads.host_threads()}))
+
+
+class ThreadChoice:
+    """Which thread count runs a program's steps fastest, measured on its first steps and then kept.
+
+    Side by side is not always faster: OpenBLAS then runs on one thread, and a model whose step is a chain of
+    matmuls (the MLP) has little else to run beside them; one at a time, OpenBLAS uses every core. The
+    results are the same bits either way, so only the time decides: after a first step (numba compiles,
+    caches fill), the candidates take turns for TRIALS steps each, and the one with the lowest median step
+    time is kept."""
+
+    TRIALS = 3
+
+    def __init__(self, candidates: Sequence[int]) -> None:
+        self.candidates = tuple(candidates)
+        self.chosen: int | None = self.candidates[0] if len(self.candidates) == 1 else None
+        self._times: dict[int, list[float]] = {count: [] for count in self.candidates}
+        self._steps = 0
+
+    def next(self) -> int:
+        """The thread count for the next step."""
+        if self.chosen is not None:
+            return self.chosen
+        if self._steps == 0:
+            return self.candidates[-1]
+        return self.candidates[(self._steps - 1) % len(self.candidates)]
+
+    def record(self, count: int, seconds: float) -> None:
+        """How long the step `next` gave `count` for took."""
+        if self.chosen is not None:
+            return
+        if self._steps > 0:
+            self._times[count].append(seconds)
+        self._steps += 1
+        if all(len(times) >= self.TRIALS for times in self._times.values()):
+            self.chosen = min(self.candidates, key=lambda c: (sorted(self._times[c])[len(self._times[c]) // 2], c))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,7 +42,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, Mapping, Sequence
+import time
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -144,7 +145,8 @@ def _read_shared(inputs: list[np.ndarray], attrs: Mapping, ctx: KernelContext) -
 class Executor:
     """Runs `program` on numpy arrays; `variables` maps every program variable name to its value.
     `host_kernels` provides the dense arithmetic (numpy/OpenBLAS when None); `threads`: how many kernels
-    may run at once (dataflow.executor_threads() when None; 1: one at a time, in program order)."""
+    may run at once (1: one at a time, in program order; None: CEREBRAS_TF_EXECUTOR_THREADS, else the
+    faster of 1 and every core, measured on the first steps: dataflow.ThreadChoice)."""
 
     def __init__(self, program: ir.Program, variables: Mapping[str, np.ndarray],
                  grad_scaler: GradScaler | None = None, half_dtype: str | None = None,
@@ -171,7 +173,8 @@ class Executor:
         self._last_use = {tid: ids[-1] for tid, ids in self._readers.items()}  # readers are in program order
         self._shared_reads, self._views = self._reads_without_copy()
         self._scale: float | None = None
-        self.threads = threads if threads is not None else dataflow.executor_threads()
+        self._threads = dataflow.ThreadChoice((threads,) if threads is not None else dataflow.thread_choices())
+        self._threads_now = self._threads.next()
         self._plans = tuple(self._plan(kernels) for kernels in self._phases)
         self._schedules = tuple(self._schedule(plan) for plan in self._plans)
 
@@ -179,6 +182,11 @@ class Executor:
     def variables(self) -> dict[str, np.ndarray]:
         """A copy of every variable (downloading the weights from the wafer)."""
         return {name: value.copy() for name, value in self._variables.items()}
+
+    @property
+    def threads(self) -> int | None:
+        """The thread count kernels run on (None while the first steps still measure which is faster)."""
+        return self._threads.chosen
 
     @property
     def global_step(self) -> int:
@@ -202,7 +210,7 @@ class Executor:
         scale = self.grad_scaler.scale if self.grad_scaler is not None else None
         # non-finite values are the GradScaler's (or the model's own loss scaling's) to handle; the untaken
         # branch of an if-converted tf.cond may compute anything
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        with self._timed(), np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             self._run(0, values, step, scale)
             finite = self._update(values, step, scale)
         outputs = {key: values[tid] for key, tid in self.program.outputs.items()}
@@ -237,7 +245,7 @@ class Executor:
         before = {name: self._variables[name].copy() for name in written}
         runs: list[dict[int, np.ndarray]] = []
         after: list[dict[str, np.ndarray]] = []
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        with self._timed(), np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             for features, labels in batches:
                 for name in written:  # every system starts from the same state
                     self._variables[name][...] = before[name]
@@ -259,6 +267,14 @@ class Executor:
         return StepResult(outputs=outputs, finite=finite, loss_scale=scale)
 
     # ---- internals ----------------------------------------------------------------
+    @contextlib.contextmanager
+    def _timed(self) -> Iterator[None]:
+        """One step, on the thread count the ThreadChoice gives; its time is what the choice measures."""
+        self._threads_now = self._threads.next()
+        start = time.perf_counter()
+        yield
+        self._threads.record(self._threads_now, time.perf_counter() - start)
+
     def _update(self, values: dict[int, np.ndarray], step: int, scale: float | None) -> bool:
         """Phases 2 and 3 on phase 1's `values`: unscale and check the gradients, the optimizer kernels (their
         writes skipped on a non-finite step), the loss scale's update, the global step. Whether the gradients
@@ -371,8 +387,9 @@ class Executor:
             for tid, value in zip(plan[index].outputs, outputs):
                 values[tid] = value
 
-        with threads.one_blas_thread() if self.threads > 1 else contextlib.nullcontext():
-            dataflow.run(self._schedules[phase], compute, complete, values.__delitem__, self.threads)
+        count = self._threads_now
+        with threads.one_blas_thread() if count > 1 else contextlib.nullcontext():
+            dataflow.run(self._schedules[phase], compute, complete, values.__delitem__, count)
 
     @staticmethod
     def _call(p: _Planned, inputs: list[np.ndarray], step: int) -> list[np.ndarray]:

@@ -102,15 +102,33 @@ def test_units_run_side_by_side_and_blas_keeps_one_thread_meanwhile():
     assert [info["num_threads"] for info in threadpoolctl.threadpool_info() if info["user_api"] == "blas"] == before
 
 
-def test_the_thread_count_comes_from_the_environment(monkeypatch):
+def test_the_thread_counts_come_from_the_environment(monkeypatch):
     monkeypatch.setenv(dataflow.ENV_VAR, "1")
-    assert dataflow.executor_threads() == 1
+    assert dataflow.thread_choices() == (1,)
     monkeypatch.delenv(dataflow.ENV_VAR)
-    assert dataflow.executor_threads() == threads.host_threads()
+    assert dataflow.thread_choices() == tuple(sorted({1, threads.host_threads()}))
     for bad in ("two", "0"):
         monkeypatch.setenv(dataflow.ENV_VAR, bad)
         with pytest.raises(ValueError, match=dataflow.ENV_VAR):
-            dataflow.executor_threads()
+            dataflow.thread_choices()
+
+
+def test_the_choice_keeps_the_count_whose_steps_were_faster():
+    choice = dataflow.ThreadChoice((1, 2))
+    seconds = {1: 0.010, 2: 0.006}
+    given = []
+    for _ in range(1 + 2 * dataflow.ThreadChoice.TRIALS):
+        count = choice.next()
+        given.append(count)
+        choice.record(count, 5.0 if len(given) == 1 else seconds[count])  # the first step (compiling) is not counted
+    assert given == [2, 1, 2, 1, 2, 1, 2]
+    assert choice.chosen == 2 and choice.next() == 2
+    slow_side_by_side = dataflow.ThreadChoice((1, 2))
+    for step in range(1 + 2 * dataflow.ThreadChoice.TRIALS):
+        count = slow_side_by_side.next()
+        slow_side_by_side.record(count, {1: 0.004, 2: 0.009}[count] if step else 0.0)
+    assert slow_side_by_side.chosen == 1
+    assert dataflow.ThreadChoice((2,)).chosen == 2  # a count given: nothing measured
 
 
 @pytest.mark.parametrize("half_dtype", ["float16", "float32"])
