@@ -58,6 +58,7 @@ from cerebras_tf.wse.kernels.half import round_half
 
 
 
+_DENSE = frozenset(f.name for f in dataclasses.fields(HostKernels)) - {"name"}  # kinds a provider computes
 # Kinds whose output may be a view of (or the same array as) an input.
 _MAY_ALIAS = frozenset({"reshape", "squeeze", "expand_dims", "unstack", "split", "split_v", "slice",
                         "strided_slice", "cast", "to_half"})
@@ -137,6 +138,21 @@ def _combine(arrays: list[np.ndarray]) -> np.ndarray:
     return _average([np.asarray(a) for a in arrays]) if first.ndim == 0 else first
 
 
+# Rough host speeds for `dense_bound`: dense arithmetic (FLOP/s) and memory-bound kernels (bytes/s).
+_DENSE_FLOPS_PER_SECOND = 100e9
+_BYTES_PER_SECOND = 5e9
+
+
+def dense_bound(program: ir.Program) -> bool:
+    """Whether the program's dense kernels (matmul, convolutions) take most of a step, by a rough estimate (their
+    FLOPs against the bytes every other kernel reads and writes): the MLP yes (61%), the zoo transformer (24%)
+    and CNN (38%) no."""
+    dense = sum(k.flops for k in program.kernels if k.kind in _DENSE) / _DENSE_FLOPS_PER_SECOND
+    other = sum(program.tensors[t].size * np_dtype(program.tensors[t].dtype).itemsize
+                for k in program.kernels if k.kind not in _DENSE for t in (*k.inputs, *k.outputs)) / _BYTES_PER_SECOND
+    return dense > other
+
+
 def _read_shared(inputs: list[np.ndarray], attrs: Mapping, ctx: KernelContext) -> list[np.ndarray]:
     """read_variable with no later write before its last use: the value is the variable itself."""
     return [ctx.variables[0]]
@@ -173,7 +189,12 @@ class Executor:
         self._last_use = {tid: ids[-1] for tid, ids in self._readers.items()}  # readers are in program order
         self._shared_reads, self._views = self._reads_without_copy()
         self._scale: float | None = None
-        self._threads = dataflow.ThreadChoice((threads,) if threads is not None else dataflow.thread_choices())
+        # OpenBLAS sums some products (the MLP's 256x784x500) in another order on two threads than on one, so
+        # how many it uses is fixed per program, never by timing: one (the executor splits big products
+        # itself) unless dense kernels dominate the step, where side by side has little to win
+        self._hold_blas = not dense_bound(program)
+        choices = dataflow.thread_choices() if self._hold_blas else (1,)
+        self._threads = dataflow.ThreadChoice((threads,) if threads is not None else choices)
         self._threads_now = self._threads.next()
         self._plans = tuple(self._plan(kernels) for kernels in self._phases)
         self._schedules = tuple(self._schedule(plan) for plan in self._plans)
@@ -387,9 +408,8 @@ class Executor:
             for tid, value in zip(plan[index].outputs, outputs):
                 values[tid] = value
 
-        count = self._threads_now
-        with threads.one_blas_thread() if count > 1 else contextlib.nullcontext():
-            dataflow.run(self._schedules[phase], compute, complete, values.__delitem__, count)
+        with threads.one_blas_thread() if self._hold_blas else contextlib.nullcontext():
+            dataflow.run(self._schedules[phase], compute, complete, values.__delitem__, self._threads_now)
 
     @staticmethod
     def _call(p: _Planned, inputs: list[np.ndarray], step: int) -> list[np.ndarray]:

@@ -68,13 +68,18 @@ def one_blas_thread() -> Iterator[None]:
                     lib.set_num_threads(count)
 
 
+def blas_held() -> bool:
+    """Whether OpenBLAS is held to one thread now (inside one_blas_thread)."""
+    return _blas_users > 0
+
+
 def kernels_beside(count: int) -> None:
     """The executor says how many other kernels run beside the one it starts now (wse/dataflow.py)."""
     global _beside
     _beside = count
 
 
-def split_range(size: int, work: Callable[[int, int], None], min_per_thread: int = MIN_ELEMENTS_PER_THREAD) -> None:
+def split_range(size: int, work: Callable[[int, int], object], min_per_thread: int = MIN_ELEMENTS_PER_THREAD) -> None:
     """Call `work(lo, hi)` over disjoint slices covering range(size), in parallel when `size` is at least
     `min_per_thread` per thread and no other kernel runs beside this one."""
     parts = min(host_threads(), size // min_per_thread)

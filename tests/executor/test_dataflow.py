@@ -131,27 +131,39 @@ def test_the_choice_keeps_the_count_whose_steps_were_faster():
     assert dataflow.ThreadChoice((2,)).chosen == 2  # a count given: nothing measured
 
 
-@pytest.mark.parametrize("half_dtype", ["float16", "float32"])
-def test_the_zoo_transformer_side_by_side_gives_the_bits_of_one_kernel_at_a_time(tmp_path, half_dtype):
-    """The zoo's BERT-style encoder (its own Adam with weight decay in raw ops, masked-LM gather, dropout) for
-    a few steps with dynamic loss scaling: losses, outputs and every variable equal bit for bit."""
+_SMALL_TRANSFORMER = {"batch_size": 4, "vocab_size": 300, "hidden_size": 64, "num_layers": 2, "num_heads": 2,
+                      "intermediate_size": 128, "seq_length": 32, "max_predictions": 5, "num_examples": 16}
+
+
+@pytest.mark.parametrize("model,half_dtype", [("transformer", "float16"), ("transformer", "float32"),
+                                              ("mlp", "float32")])
+def test_side_by_side_gives_the_bits_of_one_kernel_at_a_time(tmp_path, model, half_dtype):
+    """The zoo's BERT-style encoder (its own Adam with weight decay in raw ops, masked-LM gather, dropout) and
+    the benchmark MLP at its real size (784-500-300-10, batch 256: OpenBLAS's own two threads sum its
+    256x784x500 product in another order than one thread, so how many OpenBLAS uses is fixed per program,
+    never by the executor's thread count) for a few steps with dynamic loss scaling: losses, outputs and
+    every variable equal bit for bit on one thread and on two."""
     from estimator import ModeKeys
 
+    from benchmarks import bench_models
     from cerebras_tf import CerebrasEstimator, CSRunConfig
     from cerebras_tf.amp import GradScaler
     from cerebras_tf.compiler import initial
     from cerebras_tf.precheck import precheck
-    from cerebras_tf.wse.executor import Executor
+    from cerebras_tf.wse.executor import Executor, dense_bound
     from examples.zoo import transformer
 
-    params = {"batch_size": 4, "vocab_size": 300, "hidden_size": 64, "num_layers": 2, "num_heads": 2,
-              "intermediate_size": 128, "seq_length": 32, "max_predictions": 5, "num_examples": 16}
-    estimator = CerebrasEstimator(transformer.model_fn, model_dir=str(tmp_path / "model"),
+    if model == "transformer":
+        model_fn, input_fn, params = transformer.model_fn, transformer.input_fn, _SMALL_TRANSFORMER
+    else:
+        model_fn, input_fn, params = bench_models.model(model)
+    estimator = CerebrasEstimator(model_fn, model_dir=str(tmp_path / "model"),
                                   config=CSRunConfig(cs_ip="localhost:9000", tf_random_seed=1), params=params)
-    model = precheck(estimator, transformer.input_fn, ModeKeys.TRAIN)
-    program = estimator.compile(transformer.input_fn).program
-    start = initial.initial_values(model, program)
-    batches = list(transformer.input_fn(params).take(4).as_numpy_iterator())
+    captured = precheck(estimator, input_fn, ModeKeys.TRAIN)
+    program = estimator.compile(input_fn).program
+    assert dense_bound(program) == (model == "mlp")  # the MLP keeps OpenBLAS's own threads
+    start = initial.initial_values(captured, program)
+    batches = list(input_fn(params).take(4).as_numpy_iterator())
     runs = []
     for count in (2, 1):
         executor = Executor(program, start, grad_scaler=GradScaler(loss_scale="dynamic"), half_dtype=half_dtype,

@@ -7,28 +7,64 @@ gradient runs one 2-D matmul per filter tap, added into place (never a loop over
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from cerebras_tf.wse import threads
+from cerebras_tf.wse.memory import empty_aligned
 from cerebras_tf.wse.kernels._scratch import scratch
 from cerebras_tf.wse.kernels.conv_geometry import Geom, col2im, from_nhwc, im2col, to_nhwc
 
 
+# Products below this many multiply-adds run whole: splitting them costs more than it saves.
+MIN_SPLIT_PRODUCTS = 1 << 22
+
+
 def matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
-    """MatMul(a, b) with transpose_a / transpose_b."""
+    """MatMul(a, b) with transpose_a / transpose_b. While OpenBLAS is held to one thread (the executor's
+    steps), a big float product is cut into row (or column) blocks across the host's threads
+    (threads.split_range: only when no other kernel runs beside it); each block is the same single-threaded
+    sgemm on a slice, so the bits are those of the whole product on one thread (OpenBLAS's own threads sum
+    some shapes in another order: 256x784x500 differs)."""
     a, b = inputs
-    return (a.T if attrs.get("transpose_a") else a) @ (b.T if attrs.get("transpose_b") else b)
+    a = a.T if attrs.get("transpose_a") else a
+    b = b.T if attrs.get("transpose_b") else b
+    m, k = a.shape
+    n = b.shape[1]
+    if not (threads.blas_held() and a.dtype == b.dtype and a.dtype.kind == "f" and m * n * k >= MIN_SPLIT_PRODUCTS):
+        return a @ b
+    out = empty_aligned((m, n), a.dtype)
+    if m >= n:
+        threads.split_range(m, lambda lo, hi: np.matmul(a[lo:hi], b, out=out[lo:hi]),
+                            max(1, MIN_SPLIT_PRODUCTS // (2 * n * k)))
+    else:
+        threads.split_range(n, lambda lo, hi: np.matmul(a, b[:, lo:hi], out=out[:, lo:hi]),
+                            max(1, MIN_SPLIT_PRODUCTS // (2 * m * k)))
+    return out
 
 
 def batch_matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
-    """BatchMatMulV2(x, y) with adj_x / adj_y, broadcasting the batch dimensions."""
+    """BatchMatMulV2(x, y) with adj_x / adj_y, broadcasting the batch dimensions; while OpenBLAS is held to
+    one thread, big batches are split across the host's threads by whole matrices (as matmul)."""
     a, b = inputs
     if attrs.get("adj_x"):
         a = np.swapaxes(a, -1, -2)
     if attrs.get("adj_y"):
         b = np.swapaxes(b, -1, -2)
-    return np.matmul(a, b)
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    count = math.prod(batch)
+    products = count * a.shape[-2] * a.shape[-1] * b.shape[-1]
+    if not (threads.blas_held() and count > 1 and a.dtype == b.dtype and a.dtype.kind == "f"
+            and products >= MIN_SPLIT_PRODUCTS):
+        return np.matmul(a, b)
+    a3 = np.broadcast_to(a, (*batch, *a.shape[-2:])).reshape(count, *a.shape[-2:])
+    b3 = np.broadcast_to(b, (*batch, *b.shape[-2:])).reshape(count, *b.shape[-2:])
+    out = empty_aligned((count, a.shape[-2], b.shape[-1]), a.dtype)
+    threads.split_range(count, lambda lo, hi: np.matmul(a3[lo:hi], b3[lo:hi], out=out[lo:hi]),
+                        max(1, MIN_SPLIT_PRODUCTS * count // (2 * products)))
+    return out.reshape(*batch, a.shape[-2], b.shape[-1])
 
 
 def conv2d(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
