@@ -496,8 +496,12 @@ def _runner(loop: Callable[..., None], shape: list[int], kinds: list[str], in_dt
         for x, kind, dtype in zip(inputs, kinds, in_dtypes):
             x = np.ascontiguousarray(x, dtype=dtype)
             args.append(x.reshape(rows, cols) if kind == "f" and not flat else x.reshape(-1))
-        outs = [empty_aligned(shape, dtype) for dtype in out_dtypes]
+        into = attrs.get("into")  # per output: the index of the variable it is written into, or -1
+        if into:
+            outs = [ctx.variables[j] if j >= 0 else empty_aligned(shape, dtype) for j, dtype in zip(into, out_dtypes)]
+        else:
+            outs = [empty_aligned(shape, dtype) for dtype in out_dtypes]
         views = [o.reshape(-1) if flat else o.reshape(rows, cols) for o in outs]
         split_range(span, lambda lo, hi: loop(*args, *views, lo, hi), per)
-        return outs
+        return [o for o, j in zip(outs, into) if j < 0] if into else outs
     return fn

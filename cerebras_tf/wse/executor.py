@@ -91,12 +91,13 @@ class _Planned:
     writes: bool  # writes variables (skipped on a non-finite step with a GradScaler)
     tail: ir.Kernel | None = None  # fused into this one (wse/fusion.py): its output replaces kernel's first
     chain: _chains.Chain | None = None  # the chain this stands for
+    absorbed: list[ir.Kernel] = dataclasses.field(default_factory=list)  # assigns the chain writes for
 
     @property
     def members(self) -> list[ir.Kernel]:
         """The program's kernels this runs."""
         if self.chain is not None:
-            return self.chain.kernels
+            return [*self.chain.kernels, *self.absorbed]
         return [self.kernel] if self.tail is None else [self.kernel, self.tail]
 
     @property
@@ -338,17 +339,26 @@ class Executor:
         tails = {tail.id for tail in pairs.values()}
         chains = self._chains(kernels, exclude=set(pairs) | tails)
         chain_of = {m.id: chain for chain in chains for m in chain.kernels}
+        into = {id(chain): self._assigns_into(chain, kernels) for chain in chains}
+        absorbed = {a.id for assigns in into.values() for a in assigns.values()}
         for kernel in kernels:
             chain = chain_of.get(kernel.id)
-            if kernel.id in tails or (chain is not None and chain.kernels[-1] is not kernel):
+            if kernel.id in tails or kernel.id in absorbed or (chain is not None and chain.kernels[-1] is not kernel):
                 continue
             tail = pairs.get(kernel.id)
             fn: Callable[..., list[np.ndarray]]
+            assigns: dict[int, ir.Kernel] = {}
             if chain is not None:
                 fn = chain.fn
-                kernel = ir.Kernel(id=kernel.id, kind="chain", inputs=chain.inputs, outputs=chain.outputs, attrs={},
-                                   role=kernel.role, layer=kernel.layer,
-                                   tf_name=" + ".join(m.tf_name or m.kind for m in chain.kernels))
+                assigns = into[id(chain)]
+                written = [assigns[t].vars[0] for t in chain.outputs if t in assigns]
+                kernel = ir.Kernel(id=kernel.id, kind="chain", inputs=chain.inputs,
+                                   outputs=[t for t in chain.outputs if t not in assigns],
+                                   attrs={"into": [written.index(assigns[t].vars[0]) if t in assigns else -1
+                                                   for t in chain.outputs]} if assigns else {},
+                                   role=kernel.role, layer=kernel.layer, vars=written,
+                                   tf_name=" + ".join(m.tf_name or m.kind
+                                                      for m in (*chain.kernels, *assigns.values())))
             elif tail is not None:
                 fn = FUSED[(kernel.kind, tail.kind)].fn
             elif kernel.kind == "read_variable" and kernel.id in self._shared_reads:
@@ -360,8 +370,48 @@ class Executor:
             ctx = KernelContext(variables=[self._variables[name] for name in kernel.vars], salt=kernel.id,
                                 host_kernels=self.host_kernels)
             writes = bool(kernel.vars) and kernel.kind not in ir.READS_VARIABLES
-            planned.append(_Planned(kernel, fn, ctx, writes, tail=tail, chain=chain))
+            planned.append(_Planned(kernel, fn, ctx, writes, tail=tail, chain=chain, absorbed=list(assigns.values())))
         return planned
+
+    def _assigns_into(self, chain: _chains.Chain, kernels: list[ir.Kernel]) -> dict[int, ir.Kernel]:
+        """Chain output -> the assign_variable the chain may write it into directly (its variable's own array)
+        instead of a new array the assign would copy: the only reader outside the chain of its every output is
+        such an assign (so a step that skips variable writes skips the whole chain), unguarded, of a float32 variable
+        of the output's shape, each variable once; nothing between the chain and the assign touches the
+        variable; and every chain input that may be the variable's array (a shared read) has its full shape
+        and is the array itself (a read_variable's output), read element by element before that element is
+        written. Else {}."""
+        position = {k.id: i for i, k in enumerate(kernels)}
+        at = position[chain.kernels[-1].id]
+        assigns: dict[int, ir.Kernel] = {}
+        members = {k.id for k in chain.kernels}
+        for t in chain.outputs:
+            reading = [r for r in self._readers.get(t, []) if r not in members]
+            assign = next((k for k in kernels if len(reading) == 1 and k.id == reading[0]), None)
+            if (assign is None or assign.kind != "assign_variable" or assign.guard is not None
+                    or assign.check_guard is not None or t in self._keep or assign.inputs != [t]):
+                return {}
+            var = self.program.variable(assign.vars[0])
+            tensor = self.program.tensors[t]
+            if var.dtype != "float32" or tensor.dtype != "float32" or list(var.shape) != list(tensor.shape):
+                return {}
+            assigns[t] = assign
+        names = [a.vars[0] for a in assigns.values()]
+        if len(set(names)) != len(names):
+            return {}
+        ours = {a.id for a in assigns.values()}
+        for k in kernels[at + 1:max(position[a.id] for a in assigns.values())]:
+            if k.id in ours:
+                continue
+            touched = set(k.vars) | {name for r in k.reads for name in self._views.get(r, ())}
+            if touched & set(names):
+                return {}
+        read_outputs = {k.outputs[0] for k in self.program.kernels if k.kind == "read_variable"}
+        for r in chain.inputs:  # element i of a variable's array is read by the loop before it writes element i
+            if self._views.get(r, set()) & set(names) and (r not in read_outputs or list(
+                    self.program.tensors[r].shape) != list(self.program.tensors[chain.outputs[0]].shape)):
+                return {}
+        return assigns
 
     def _chains(self, kernels: list[ir.Kernel], exclude: set[int]) -> list[_chains.Chain]:
         """The chains of elementwise kernels among `kernels` (none when switched off: chains.enabled())."""

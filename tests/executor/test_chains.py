@@ -424,3 +424,19 @@ def test_chain_intermediates_are_never_stored(tmp_path):
     assert len(internal) > 100
     assert not internal & {t for p in units for t in p.reads}
     executor.step(*batches[0])  # and the step runs
+
+
+def test_the_adam_chains_write_the_transformers_variables_in_place(tmp_path):
+    """Each weight's Adam-with-weight-decay chain writes m, v and the weight straight into their arrays (the
+    assign_variable kernels it feeds are absorbed: no new array, no copy); the steps' bits are checked against
+    the kernels one by one in test_steps_with_chains_give_the_bits_of_steps_without."""
+    program, start, batches = _model(tmp_path, "transformer")
+    with use_chains(True):
+        executor = Executor(program, start)
+    absorbed = [a for plan in executor._plans for p in plan for a in p.absorbed]
+    assigns = [k for k in program.kernels if k.kind == "assign_variable"]
+    assert len(absorbed) >= 0.9 * len(assigns) and all(a.kind == "assign_variable" for a in absorbed)
+    variables = executor._variables
+    before = {name: variables[name] for name in variables}
+    executor.step(*batches[0])
+    assert all(variables[name] is before[name] for name in before)  # the same arrays, written in place
