@@ -22,6 +22,9 @@ runs in its own subprocess so peak RSS is its own; both read the same pre-made b
     ./dev bench executor_bench [--steps 100] [--models mlp,cnn,transformer] [--levels train,step]
                                 [--rounds 1] [--openblas-coretype NAME]
 
+"threads": the thread count our executor's first steps measured faster (dataflow.ThreadChoice: 1, one kernel
+at a time, or side by side), per round ("1/2" when rounds differed); the train level does not report it.
+
 With --rounds N every side is measured N times, the sides in a rotated order each round (so none is
 always first after another); a row reports the median steps/s over the rounds, its ratio to the median
 of TF's, and the range of the per-round ratios (each round's side against that round's TF): this
@@ -96,7 +99,7 @@ def _measure(model_name: str, side: str, steps: int, level: str) -> dict:
             start = time.perf_counter()
             executor.step(*batches[i % 8])
             times.append(time.perf_counter() - start)
-    return {"steps_per_sec": 1 / statistics.median(times),
+    return {"steps_per_sec": 1 / statistics.median(times), "threads": None if side == "tf" else executor.threads,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -148,7 +151,7 @@ def main() -> None:
     width = max(len("model"), *(len(name) for name in args.models.split(",")))
     ranged = args.rounds > 1
     print(f"{'model':<{width}} {'level':<6} {'side':<24} {'steps/s':>9} {'vs TF':>7}"
-          + (f" {'per round':>13}" if ranged else "") + f" {'peak RSS MB':>12}")
+          + (f" {'per round':>13}" if ranged else "") + f" {'peak RSS MB':>12} {'threads':>8}")
     sides = ("tf", *(f"ours-{numerics}/{provider}" for numerics in ("float16", "float32")
                      for provider in ("numpy", "tensorflow")))
     for model_name in args.models.split(","):
@@ -169,7 +172,8 @@ def main() -> None:
                 if ranged:
                     ratios = [ours / tf for ours, tf in zip(rates, tf_rates)]
                     line += f" {min(ratios):>5.2f}-{max(ratios):.2f}x"
-                print(line + f" {max(row['peak_rss_mb'] for row in measured):>12.0f}")
+                chosen = "/".join(sorted({str(row["threads"]) for row in measured if row.get("threads") is not None}))
+                print(line + f" {max(row['peak_rss_mb'] for row in measured):>12.0f} {chosen or '—':>8}")
 
 
 if __name__ == "__main__":

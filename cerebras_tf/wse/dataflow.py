@@ -67,11 +67,12 @@ class ThreadChoice:
 
     Side by side is not always faster: OpenBLAS then runs on one thread, and a model whose step is a chain of
     matmuls (the MLP) has little else to run beside them; one at a time, OpenBLAS uses every core. The
-    results are the same bits either way, so only the time decides: after a first step (numba compiles,
-    caches fill), the candidates take turns for TRIALS steps each, and the one with the lowest median step
-    time is kept."""
+    results are the same bits either way, so only the time decides: after WARMUP steps (numba compiles,
+    caches and malloc's heap fill), the candidates take turns for TRIALS steps each, and the one with the
+    lowest median step time is kept."""
 
-    TRIALS = 3
+    WARMUP = 2
+    TRIALS = 4
 
     def __init__(self, candidates: Sequence[int]) -> None:
         self.candidates = tuple(candidates)
@@ -83,15 +84,15 @@ class ThreadChoice:
         """The thread count for the next step."""
         if self.chosen is not None:
             return self.chosen
-        if self._steps == 0:
+        if self._steps < self.WARMUP:
             return self.candidates[-1]
-        return self.candidates[(self._steps - 1) % len(self.candidates)]
+        return self.candidates[(self._steps - self.WARMUP) % len(self.candidates)]
 
     def record(self, count: int, seconds: float) -> None:
         """How long the step `next` gave `count` for took."""
         if self.chosen is not None:
             return
-        if self._steps > 0:
+        if self._steps >= self.WARMUP:
             self._times[count].append(seconds)
         self._steps += 1
         if all(len(times) >= self.TRIALS for times in self._times.values()):

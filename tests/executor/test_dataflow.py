@@ -117,16 +117,17 @@ def test_the_choice_keeps_the_count_whose_steps_were_faster():
     choice = dataflow.ThreadChoice((1, 2))
     seconds = {1: 0.010, 2: 0.006}
     given = []
-    for _ in range(1 + 2 * dataflow.ThreadChoice.TRIALS):
+    warmup = dataflow.ThreadChoice.WARMUP
+    for _ in range(warmup + 2 * dataflow.ThreadChoice.TRIALS):
         count = choice.next()
         given.append(count)
-        choice.record(count, 5.0 if len(given) == 1 else seconds[count])  # the first step (compiling) is not counted
-    assert given == [2, 1, 2, 1, 2, 1, 2]
+        choice.record(count, 5.0 if len(given) <= warmup else seconds[count])  # the warm-up (compiling) not counted
+    assert given == [2] * warmup + [1, 2] * dataflow.ThreadChoice.TRIALS
     assert choice.chosen == 2 and choice.next() == 2
     slow_side_by_side = dataflow.ThreadChoice((1, 2))
-    for step in range(1 + 2 * dataflow.ThreadChoice.TRIALS):
+    for step in range(warmup + 2 * dataflow.ThreadChoice.TRIALS):
         count = slow_side_by_side.next()
-        slow_side_by_side.record(count, {1: 0.004, 2: 0.009}[count] if step else 0.0)
+        slow_side_by_side.record(count, {1: 0.004, 2: 0.009}[count] if step >= warmup else 0.0)
     assert slow_side_by_side.chosen == 1
     assert dataflow.ThreadChoice((2,)).chosen == 2  # a count given: nothing measured
 
