@@ -282,6 +282,9 @@ def run(schedule: Schedule, compute: Callable[[int], Any], complete: Callable[[i
     """Run every unit of `schedule`: `compute(i)` on one of `threads_to_use` threads (this one and helpers;
     1: program order, one at a time), then, under the run's lock, `complete(i, result)` and `drop(t)` for
     each tensor no unit still needs. Raises the error of the first unit in program order that raised."""
+    if threads_to_use <= 1:
+        _run_in_order(schedule, compute, complete, drop)
+        return
     state = _Run(schedule, compute, complete, drop)
     helpers = min(max(0, threads_to_use - 1), len(schedule.waits) - 1)
     finished: queue.SimpleQueue[None] = queue.SimpleQueue()
@@ -309,3 +312,15 @@ def run(schedule: Schedule, compute: Callable[[int], Any], complete: Callable[[i
         raise state.broken
     if state.errors:
         raise state.errors[min(state.errors)]
+
+
+def _run_in_order(schedule: Schedule, compute: Callable[[int], Any], complete: Callable[[int, Any], None],
+                  drop: Callable[[int], None]) -> None:
+    """`run` on one thread: every unit in program order (what the scheduler would pick), without its lock."""
+    left = dict(schedule.readers)
+    for index, releases in enumerate(schedule.releases):
+        complete(index, compute(index))
+        for t in releases:
+            left[t] -= 1
+            if left[t] == 0:
+                drop(t)
