@@ -56,8 +56,6 @@ from cerebras_tf.wse.kernels import KERNELS, NUMPY_HOST_KERNELS, HostKernels, Ke
 from cerebras_tf.wse.kernels.fused import FUSED
 from cerebras_tf.wse.kernels.half import round_half
 
-
-
 _DENSE = frozenset(f.name for f in dataclasses.fields(HostKernels)) - {"name"}  # kinds a provider computes
 # Kinds whose output may be a view of (or the same array as) an input.
 _MAY_ALIAS = frozenset({"reshape", "squeeze", "expand_dims", "unstack", "split", "split_v", "slice",
@@ -99,11 +97,6 @@ class _Planned:
         if self.chain is not None:
             return [*self.chain.kernels, *self.absorbed]
         return [self.kernel] if self.tail is None else [self.kernel, self.tail]
-
-    @property
-    def inputs(self) -> list[int]:
-        """The tensors fn takes, in order."""
-        return self.kernel.inputs
 
     @property
     def outputs(self) -> list[int]:
