@@ -40,7 +40,7 @@ from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 
-from cerebras_tf.wse import threads
+from cerebras_tf.wse import denormals, threads
 
 ENV_VAR = "CEREBRAS_TF_EXECUTOR_THREADS"
 
@@ -291,10 +291,11 @@ def run(schedule: Schedule, compute: Callable[[int], Any], complete: Callable[[i
     if helpers > 0:
         _ensure_helpers(helpers)
         errstate = np.geterr()  # numpy's floating-point error handling is per thread: the caller's holds
+        mode = denormals.mxcsr()  # and so is flushing denormals (the executor's step flushes them)
 
         def helper_work() -> None:
             try:
-                with np.errstate(**errstate):
+                with np.errstate(**errstate), denormals.as_in(mode):
                     state.work()
             except BaseException:  # noqa: BLE001 - kept in state.broken, raised on the caller's thread
                 pass

@@ -50,7 +50,7 @@ import numpy as np
 from cerebras_tf.amp import FLOAT32_MODE, GradScaler, get_half_dtype
 from cerebras_tf import ir
 from cerebras_tf.wse import chains as _chains
-from cerebras_tf.wse import dataflow, memory, threads
+from cerebras_tf.wse import dataflow, denormals, memory, threads
 from cerebras_tf.wse.fusion import fused_pairs
 from cerebras_tf.wse.kernels import KERNELS, NUMPY_HOST_KERNELS, HostKernels, KernelContext, KernelInputError, np_dtype
 from cerebras_tf.wse.kernels.fused import FUSED
@@ -225,7 +225,7 @@ class Executor:
         scale = self.grad_scaler.scale if self.grad_scaler is not None else None
         # non-finite values are the GradScaler's (or the model's own loss scaling's) to handle; the untaken
         # branch of an if-converted tf.cond may compute anything
-        with self._timed(), np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        with self._timed(), denormals.flushing(), np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             self._run(0, values, step, scale)
             finite = self._update(values, step, scale)
         outputs = {key: values[tid] for key, tid in self.program.outputs.items()}
@@ -260,7 +260,7 @@ class Executor:
         before = {name: self._variables[name].copy() for name in written}
         runs: list[dict[int, np.ndarray]] = []
         after: list[dict[str, np.ndarray]] = []
-        with self._timed(), np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        with self._timed(), denormals.flushing(), np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             for features, labels in batches:
                 for name in written:  # every system starts from the same state
                     self._variables[name][...] = before[name]

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from cerebras_tf.wse import denormals
 from cerebras_tf.wse.memory import empty_aligned
 
 MIN_ELEMENTS_PER_THREAD = 1 << 16  # below this, the thread hand-off costs more than it saves
@@ -92,7 +93,12 @@ def split_range(size: int, work: Callable[[int, int], object], min_per_thread: i
     if _pool is None:
         _pool = ThreadPoolExecutor(max_workers=host_threads() - 1, thread_name_prefix="wse-host")
     bounds = [size * i // parts for i in range(parts + 1)]
-    futures = [_pool.submit(work, bounds[i], bounds[i + 1]) for i in range(1, parts)]
+    mode = denormals.mxcsr()
+
+    def task(lo: int, hi: int) -> None:
+        with denormals.as_in(mode):  # flushing denormals or not, as the kernel's own thread
+            work(lo, hi)
+    futures = [_pool.submit(task, bounds[i], bounds[i + 1]) for i in range(1, parts)]
     work(bounds[0], bounds[1])
     for future in futures:
         future.result()
