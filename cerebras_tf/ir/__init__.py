@@ -32,7 +32,7 @@ from cerebras_tf.ir.program import (
     Variable,
     array_key,
 )
-from cerebras_tf.ir.passes import data_parallel_problem, phases
+from cerebras_tf.ir.passes import data_parallel_problem, phases, readers
 from cerebras_tf.ir.verify import IRError, verify
 from cerebras_tf.ir.vocabulary import CHECKS_INPUT, DTYPES, HALF, KINDS, READS_VARIABLES, ROLES, VARIABLE_ROLES, WRITES
 
@@ -43,5 +43,5 @@ __all__ = [
     "READS_VARIABLES", "ROLES", "SUMMARY_PREFIX", "VARIABLE_ROLES", "WRITES", "Const", "Kernel", "Layer", "Program",
     "Tensor", "Variable", "array_key", "check_key", "data_parallel_problem",
     "host_call_arguments", "host_call_structure", "input_leaves",
-    "phases", "verify",
+    "phases", "readers", "verify",
 ]

@@ -6,6 +6,7 @@ are tested on hand-built programs.
 from __future__ import annotations
 
 import re
+from typing import Iterable
 
 from cerebras_tf.ir.program import Kernel, Layer, Program
 from cerebras_tf.ir.vocabulary import HALF, WRITES
@@ -52,6 +53,16 @@ def gradient_tensors(program: Program) -> list[int]:
         if kernel.role not in ("backward", "gradient_seed"):
             used += [t for t in kernel.inputs if t in made_by_backward and t not in used]
     return used
+
+
+def readers(kernels: Iterable[Kernel]) -> dict[int, list[int]]:
+    """Tensor id -> the ids of the kernels among `kernels` that read it (inputs and guards; each kernel once),
+    in the kernels' order."""
+    found: dict[int, list[int]] = {}
+    for kernel in kernels:
+        for tid in dict.fromkeys(kernel.reads):
+            found.setdefault(tid, []).append(kernel.id)
+    return found
 
 
 def phases(program: Program) -> tuple[list[Kernel], list[Kernel], list[Kernel]]:

@@ -256,15 +256,12 @@ def defer_to_update(phases: tuple[list[ir.Kernel], list[ir.Kernel], list[ir.Kern
     forward, update, step = phases
     producer = {t: k for k in forward for t in k.outputs}
     in_update = {k.id for k in update}
-    readers: dict[int, set[int]] = {}
-    for k in (*forward, *update, *step):
-        for t in k.reads:
-            readers.setdefault(t, set()).add(k.id)
+    readers = ir.readers((*forward, *update, *step))
     moved: dict[int, list[ir.Kernel]] = {}  # first reader id -> kernels to put before it
     kept = []
     for k in forward:
         out = k.outputs[0] if len(k.outputs) == 1 else None
-        reading = readers.get(out, set()) if out is not None else set()
+        reading = set(readers.get(out, ())) if out is not None else set()
         if (k.kind in KINDS and not k.vars and k.guard is None and k.check_guard is None and out not in keep
                 and reading and reading <= in_update
                 and all(tensors[t].const is not None

@@ -179,7 +179,7 @@ class Executor:
         self._keep = set(program.outputs.values()) | set(program.gradients)
         if _chains.enabled():  # an optimizer slot's decay joins its update's chain
             self._phases = _chains.defer_to_update(self._phases, program.tensors, self._keep)
-        self._readers = self._readers_of()
+        self._readers = ir.readers(k for kernels in self._phases for k in kernels)  # in program order
         self._last_use = {tid: ids[-1] for tid, ids in self._readers.items()}  # readers are in program order
         self._shared_reads, self._views = self._reads_without_copy()
         self._scale: float | None = None
@@ -523,11 +523,3 @@ class Executor:
         values.update(zip(ids, result.grads))
         return bool(result.finite)
 
-    def _readers_of(self) -> dict[int, list[int]]:
-        """Tensor id -> the ids of the kernels that read it (each once), in program order."""
-        readers: dict[int, list[int]] = {}
-        for kernels in self._phases:
-            for kernel in kernels:
-                for tid in dict.fromkeys(kernel.reads):
-                    readers.setdefault(tid, []).append(kernel.id)
-        return readers

@@ -38,14 +38,6 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
                 and np.array_equal(a[~nan_a].view(np.uint32), b[~nan_b].view(np.uint32)))
 
 
-def _readers(kernels: list[ir.Kernel]) -> dict[int, list[int]]:
-    readers: dict[int, list[int]] = {}
-    for k in kernels:
-        for t in dict.fromkeys(k.reads):
-            readers.setdefault(t, []).append(k.id)
-    return readers
-
-
 class _Builder:
     """Tensors and kernels of a test phase."""
 
@@ -71,7 +63,7 @@ class _Builder:
         return out
 
     def chains(self, keep=(), half: str = "float32", **kw) -> list[chains_module.Chain]:
-        return fuse_chains(self.kernels, _readers(self.kernels), set(keep), tensors=self.tensors, half_dtype=half,
+        return fuse_chains(self.kernels, ir.readers(self.kernels), set(keep), tensors=self.tensors, half_dtype=half,
                            constants=self.constants, **kw)
 
     def reference(self, half: str) -> dict[int, np.ndarray]:

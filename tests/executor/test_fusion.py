@@ -10,16 +10,8 @@ def _kernel(kid: int, kind: str, inputs: list[int], outputs: list[int], **kw) ->
     return ir.Kernel(id=kid, kind=kind, inputs=inputs, outputs=outputs, attrs={}, **kw)
 
 
-def _readers(kernels: list[ir.Kernel]) -> dict[int, list[int]]:
-    readers: dict[int, list[int]] = {}
-    for k in kernels:
-        for t in dict.fromkeys(k.reads):
-            readers.setdefault(t, []).append(k.id)
-    return readers
-
-
 def _pairs(kernels: list[ir.Kernel], keep: set[int] = frozenset()) -> dict[int, str]:
-    return {pid: tail.kind for pid, tail in fused_pairs(kernels, _readers(kernels), keep).items()}
+    return {pid: tail.kind for pid, tail in fused_pairs(kernels, ir.readers(kernels), keep).items()}
 
 
 def test_a_relu_that_alone_reads_a_bias_add_is_fused_even_with_kernels_between():
