@@ -5,14 +5,23 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
 
-from cerebras_tf.wse.kernels import NUMPY_HOST_KERNELS, HostKernels, run_kernel
+from cerebras_tf.wse.kernels import NUMPY_HOST_KERNELS, HostKernels, _jit, run_kernel
 
 HOST_KERNELS: HostKernels = NUMPY_HOST_KERNELS  # the provider `run` uses; the `host_kernels` fixture sets it
+
+
+def both_ways(fn: Callable[[], Any]) -> tuple[Any, Any]:
+    """(fn() with the kernels' numba loops, fn() with their numpy code)."""
+    with _jit.use_jit(True):
+        fast = fn()
+    with _jit.use_jit(False):
+        slow = fn()
+    return fast, slow
 
 
 def run(kind: str, inputs: list[Any], attrs: dict[str, Any] | None = None, **kw) -> list[np.ndarray]:

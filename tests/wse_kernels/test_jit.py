@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_helpers import run
+from kernel_helpers import both_ways, run
 
 from cerebras_tf.amp import round_to_half
 from cerebras_tf.wse.kernels import _jit
@@ -28,14 +28,6 @@ def _edgy(rng: np.random.Generator, n: int) -> np.ndarray:
     return x
 
 
-def _both(fn):
-    with _jit.use_jit(True):
-        fast = fn()
-    with _jit.use_jit(False):
-        slow = fn()
-    return fast, slow
-
-
 def _same_bits(a: np.ndarray, b: np.ndarray) -> None:
     assert a.dtype == b.dtype and a.shape == b.shape
     np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
@@ -45,20 +37,20 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> None:
 @pytest.mark.parametrize("n", [1, 2047, 2049, 300_001])  # around a block
 def test_half_rounding_is_the_reference_bit_for_bit(half, n, rng):
     x = _edgy(rng, n)[:n].reshape(-1, 1)
-    fast, slow = _both(lambda: round_half(x, half))
+    fast, slow = both_ways(lambda: round_half(x, half))
     _same_bits(fast, round_to_half(x, half))
     _same_bits(slow, round_to_half(x, half))
 
 
 def test_relu_is_the_reference_bit_for_bit(rng):
     x = _edgy(rng, 200_000)
-    fast, slow = _both(lambda: run("relu", [x])[0])
+    fast, slow = both_ways(lambda: run("relu", [x])[0])
     _same_bits(fast, slow)
 
 
 def test_relu_grad_is_the_reference_bit_for_bit(rng):
     g, f = _edgy(rng, 200_000), _edgy(rng, 200_000)
-    fast, slow = _both(lambda: run("relu_grad", [g, f])[0])
+    fast, slow = both_ways(lambda: run("relu_grad", [g, f])[0])
     _same_bits(fast, slow)
     assert np.signbit(fast[f <= 0]).sum() == 0  # +0 where the gradient is dropped
 
@@ -87,7 +79,7 @@ def test_optimizer_loops_are_the_reference_bit_for_bit(nesterov, n, rng):
 
     with np.errstate(invalid="ignore", over="ignore"):
         for update in (momentum, adam):
-            fast, slow = _both(update)
+            fast, slow = both_ways(update)
             for a, b in zip(fast, slow):
                 _same_bits(a, b)
 

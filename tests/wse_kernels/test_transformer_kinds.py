@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from kernel_helpers import check, run
+from kernel_helpers import both_ways, check, run
 
-from cerebras_tf.wse.kernels import _jit, eigen_erf, elementwise
+from cerebras_tf.wse.kernels import eigen_erf, elementwise
 from cerebras_tf.wse.kernels import softmax as softmax_module
 
 R = tf.raw_ops
@@ -58,15 +58,6 @@ def test_erf_other_dtypes_keep_theirs(rng):
     check(run("erf", [x])[0], R.Erf(x=x), rtol=1e-12, atol=1e-15)
 
 
-def _both(fn):
-    """fn() with the numba loops, then with the numpy code."""
-    with _jit.use_jit(True):
-        fast = fn()
-    with _jit.use_jit(False):
-        slow = fn()
-    return fast, slow
-
-
 @pytest.mark.parametrize("n", [1, 7, 8, 9, 128, 129, 300, 1000, 8000, 8192])
 def test_row_sums_take_numpys_order(n, rng):
     x = (rng.standard_exponential(size=(5, n)) * np.exp(rng.uniform(-6, 6, (5, n)))).astype(F)
@@ -91,7 +82,7 @@ def _logit_rows(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
 def test_softmax_loops_are_the_numpy_code_bit_for_bit(kind, shape, rng):
     x = _logit_rows(rng, shape)
     with np.errstate(all="ignore"):
-        fast, slow = _both(lambda: run(kind, [x])[0])
+        fast, slow = both_ways(lambda: run(kind, [x])[0])
     _same_bits(fast, slow)
 
 
@@ -153,7 +144,7 @@ def test_unsorted_segment_sum_is_tfs_bit_for_bit(jit, rng):
 
 def test_unchecked_unsorted_segment_sum_drops_ids_too_large_both_ways(rng):
     data, ids = rng.normal(size=(30, 4)).astype(F), rng.integers(-2, 9, size=30).astype(np.int32)
-    fast, slow = _both(lambda: run("unsorted_segment_sum", [data, ids], {"num_segments": 6}, check=False)[0])
+    fast, slow = both_ways(lambda: run("unsorted_segment_sum", [data, ids], {"num_segments": 6}, check=False)[0])
     _same_bits(fast, slow)
 
 
