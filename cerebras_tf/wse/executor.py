@@ -182,6 +182,7 @@ class Executor:
         self._readers = ir.readers(k for kernels in self._phases for k in kernels)  # in program order
         self._last_use = {tid: ids[-1] for tid, ids in self._readers.items()}  # readers are in program order
         self._shared_reads, self._views = self._reads_without_copy()
+        self._shared_values = {program.kernels[i].outputs[0] for i in self._shared_reads}  # the variables' arrays
         self._scale: float | None = None
         # OpenBLAS sums some products (the MLP's 256x784x500) in another order on two threads than on one, so
         # how many it uses is fixed per program, never by timing: one (the executor splits big products
@@ -223,9 +224,7 @@ class Executor:
         values.update(self._bind_inputs(features, labels))
         step = self.global_step
         scale = self.grad_scaler.scale if self.grad_scaler is not None else None
-        # non-finite values are the GradScaler's (or the model's own loss scaling's) to handle; the untaken
-        # branch of an if-converted tf.cond may compute anything
-        with self._timed(), denormals.flushing(), np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        with self._stepping():
             self._run(0, values, step, scale)
             finite = self._update(values, step, scale)
         outputs = {key: values[tid] for key, tid in self.program.outputs.items()}
@@ -260,7 +259,7 @@ class Executor:
         before = {name: self._variables[name].copy() for name in written}
         runs: list[dict[int, np.ndarray]] = []
         after: list[dict[str, np.ndarray]] = []
-        with self._timed(), denormals.flushing(), np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        with self._stepping():
             for features, labels in batches:
                 for name in written:  # every system starts from the same state
                     self._variables[name][...] = before[name]
@@ -283,11 +282,15 @@ class Executor:
 
     # ---- internals ----------------------------------------------------------------
     @contextlib.contextmanager
-    def _timed(self) -> Iterator[None]:
-        """One step, on the thread count the ThreadChoice gives; its time is what the choice measures."""
+    def _stepping(self) -> Iterator[None]:
+        """One step: on the thread count the ThreadChoice gives (its time is what the choice measures), with
+        denormals flushed as TF's kernels flush them, and numpy's floating-point warnings off: non-finite
+        values are the GradScaler's (or the model's own loss scaling's) to handle, and the untaken branch of
+        an if-converted tf.cond may compute anything."""
         self._threads_now = self._threads.next()
         start = time.perf_counter()
-        yield
+        with denormals.flushing(), np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            yield
         self._threads.record(self._threads_now, time.perf_counter() - start)
 
     def _update(self, values: dict[int, np.ndarray], step: int, scale: float | None) -> bool:
@@ -332,7 +335,8 @@ class Executor:
         tails = {tail.id for tail in pairs.values()}
         chains = self._chains(kernels, exclude=set(pairs) | tails)
         chain_of = {m.id: chain for chain in chains for m in chain.kernels}
-        into = {id(chain): self._assigns_into(chain, kernels) for chain in chains}
+        position = {k.id: i for i, k in enumerate(kernels)}
+        into = {id(chain): self._assigns_into(chain, kernels, position) for chain in chains}
         absorbed = {a.id for assigns in into.values() for a in assigns.values()}
         for kernel in kernels:
             chain = chain_of.get(kernel.id)
@@ -366,21 +370,21 @@ class Executor:
             planned.append(_Planned(kernel, fn, ctx, writes, tail=tail, chain=chain, absorbed=list(assigns.values())))
         return planned
 
-    def _assigns_into(self, chain: _chains.Chain, kernels: list[ir.Kernel]) -> dict[int, ir.Kernel]:
+    def _assigns_into(self, chain: _chains.Chain, kernels: list[ir.Kernel],
+                      position: Mapping[int, int]) -> dict[int, ir.Kernel]:
         """Chain output -> the assign_variable the chain may write it into directly (its variable's own array)
         instead of a new array the assign would copy: the only reader outside the chain of its every output is
         such an assign (so a step that skips variable writes skips the whole chain), unguarded, of a float32 variable
         of the output's shape, each variable once; nothing between the chain and the assign touches the
         variable; and every chain input that may be the variable's array (a shared read) has its full shape
         and is the array itself (a read_variable's output), read element by element before that element is
-        written. Else {}."""
-        position = {k.id: i for i, k in enumerate(kernels)}
+        written. Else {}. `kernels`: the phase, `position`: kernel id -> its index there."""
         at = position[chain.kernels[-1].id]
         assigns: dict[int, ir.Kernel] = {}
         members = {k.id for k in chain.kernels}
         for t in chain.outputs:
             reading = [r for r in self._readers.get(t, []) if r not in members]
-            assign = next((k for k in kernels if len(reading) == 1 and k.id == reading[0]), None)
+            assign = kernels[position[reading[0]]] if len(reading) == 1 and reading[0] in position else None
             if (assign is None or assign.kind != "assign_variable" or assign.guard is not None
                     or assign.check_guard is not None or t in self._keep or assign.inputs != [t]):
                 return {}
@@ -399,9 +403,8 @@ class Executor:
             touched = set(k.vars) | {name for r in k.reads for name in self._views.get(r, ())}
             if touched & set(names):
                 return {}
-        read_outputs = {k.outputs[0] for k in self.program.kernels if k.kind == "read_variable"}
         for r in chain.inputs:  # element i of a variable's array is read by the loop before it writes element i
-            if self._views.get(r, set()) & set(names) and (r not in read_outputs or list(
+            if self._views.get(r, set()) & set(names) and (r not in self._shared_values or list(
                     self.program.tensors[r].shape) != list(self.program.tensors[chain.outputs[0]].shape)):
                 return {}
         return assigns
