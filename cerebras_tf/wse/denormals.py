@@ -103,15 +103,6 @@ def as_in(state: int | None) -> Iterator[None]:
         _write(before)
 
 
-@contextlib.contextmanager
-def flushing() -> Iterator[None]:
+def flushing() -> contextlib.AbstractContextManager[None]:
     """Within the block, this thread flushes denormals; its own setting is restored after."""
-    if _read is None or _write is None:
-        yield
-        return
-    before = int(_read())
-    _write(before | FTZ_DAZ)
-    try:
-        yield
-    finally:
-        _write(before)
+    return as_in(FTZ_DAZ)
