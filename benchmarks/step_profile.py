@@ -11,7 +11,8 @@ step, on the same batches, is timed on both sides, in this one process:
   - TF: the captured Estimator graph in a tf.compat.v1.Session (the Estimator's inner loop
     without hooks), run with RunOptions(trace_level=FULL_TRACE); each node's all_end_rel_micros
     from RunMetadata.step_stats is summed per op type.
-Both wall-clock step times are measured on separate, unprofiled steps (after 3 warm-up steps):
+Both wall-clock step times are measured on separate, unprofiled steps (after 3 warm-up steps; ours also
+after the steps that choose its thread count):
 the timers and the tracing cost time of their own.
 
 One row per kernel kind (ours) or op type (TF's), sorted by our time. A TF op type is put on the row
@@ -89,8 +90,10 @@ def _our_profile(prepared: bench_models.Prepared, provider: str, steps: int) -> 
     """Wall ms per step, and per kernel kind: ms and kernels run per step."""
     executor = bench_models.our_executor(prepared, provider)
     batches = prepared.batches
-    for i in range(WARMUP):
+    i = 0
+    while i < WARMUP or executor.threads is None:  # and until the thread count is chosen (its trials are slower)
         executor.step(*batches[i % len(batches)])
+        i += 1
     start = time.perf_counter()
     for i in range(steps):
         executor.step(*batches[i % len(batches)])

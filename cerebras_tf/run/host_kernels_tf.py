@@ -3,7 +3,8 @@
 The executor (wse/, TF-free) takes its dense arithmetic from a `HostKernels`
 provider; this one runs TensorFlow's ops on the numpy operands: MatMul,
 BatchMatMulV2, Conv2D, Conv2DBackpropInput/Filter, DepthwiseConv2dNative and
-its two gradients. The matmuls are eager tf.raw_ops calls. Each distinct
+its two gradients. The matmuls are eager tf.raw_ops calls on the operands' own
+memory (DLPack) and give their result's memory back uncopied. Each distinct
 convolution call (op, operand shapes, attrs) becomes a one-op graph with a
 tf.compat.v1.Session of its own, built on first use and run through a
 callable: TF's graph passes then give it the oneDNN kernels a training graph
@@ -83,6 +84,24 @@ class _OneOpGraphs:
 _graphs = _OneOpGraphs()
 
 
+# TF's kernels abort the process (a failed CHECK, not an exception) on a tensor not aligned to this many bytes.
+_TF_ALIGNMENT = 64
+
+
+def _tensor(x: np.ndarray) -> Any:
+    """x as an eager tensor: its own memory, through DLPack, where x can lend it (C-contiguous, writable: numpy
+    exports no read-only array, and aligned as TF's kernels require); a copy otherwise."""
+    if x.flags.c_contiguous and x.flags.writeable and x.ctypes.data % _TF_ALIGNMENT == 0:
+        return tf.experimental.dlpack.from_dlpack(x.__dlpack__())
+    return tf.convert_to_tensor(x)
+
+
+def _eager_op(op: Any, operands: Mapping[str, np.ndarray], **attrs: Any) -> np.ndarray:
+    """TF's `op` (a tf.raw_ops function) called eagerly on numpy operands, copying neither them nor the result
+    (`.numpy()` would copy it): a 64x4096x10 matmul 0.30 -> 0.11 ms."""
+    return _eager(lambda: op(**{name: _tensor(x) for name, x in operands.items()}, **attrs)._numpy())
+
+
 def _freeze(attrs: Mapping[str, Any]) -> tuple:
     """attrs as a hashable key."""
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items()))
@@ -93,8 +112,8 @@ def matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray
     if not _floats(inputs):
         return _numpy.matmul(inputs, attrs)
     a, b = inputs
-    return _eager(lambda: _R.MatMul(a=a, b=b, transpose_a=bool(attrs.get("transpose_a", False)),
-                                    transpose_b=bool(attrs.get("transpose_b", False))).numpy())
+    return _eager_op(_R.MatMul, {"a": a, "b": b}, transpose_a=bool(attrs.get("transpose_a", False)),
+                     transpose_b=bool(attrs.get("transpose_b", False)))
 
 
 def batch_matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
@@ -102,8 +121,8 @@ def batch_matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.n
     if not _floats(inputs):
         return _numpy.batch_matmul(inputs, attrs)
     a, b = inputs
-    return _eager(lambda: _R.BatchMatMulV2(x=a, y=b, adj_x=bool(attrs.get("adj_x", False)),
-                                           adj_y=bool(attrs.get("adj_y", False))).numpy())
+    return _eager_op(_R.BatchMatMulV2, {"x": a, "y": b}, adj_x=bool(attrs.get("adj_x", False)),
+                     adj_y=bool(attrs.get("adj_y", False)))
 
 
 def _eager(call: Callable[[], np.ndarray]) -> np.ndarray:
