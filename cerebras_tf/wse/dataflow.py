@@ -17,8 +17,12 @@ at plan time:
   kernel at a time does.
 
 `run` has the caller's thread and helper threads each take the ready unit
-that comes first in program order (so memory stays near that of running one
-at a time), run it, and settle it under one lock. Each unit computes what it
+with the longest estimated path to the end of the phase (its critical path:
+the sum of the `cost` estimates along its longest chain of dependents), the
+first in program order among equals, run it, and settle it under one lock.
+Without costs that is program order (memory stays near that of running one at
+a time); with them, work on the critical path starts first, and what is off it
+(the transformer's weight gradients) fills the other core. Each unit computes what it
 would one at a time: results are bit-identical whatever the schedule, and the
 same from run to run. A tensor is dropped when every unit of the phase that
 reads it has finished (its last use is in this phase and it is not kept).
@@ -108,6 +112,7 @@ class Access:
     reads_vars: Collection[str] = ()
     writes_vars: Collection[str] = ()
     checks_input: bool = False  # may raise KernelInputError
+    cost: float = 0.0  # an estimate of its run time (any unit), for the order ready units start in
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +123,7 @@ class Schedule:
     dependents: tuple[tuple[int, ...], ...]  # the units waiting for each
     releases: tuple[tuple[int, ...], ...]  # tensors whose reader count each unit lowers when it finishes
     readers: dict[int, int]  # tensor -> units of the phase that read it (dropped when all have finished)
+    rank: tuple[float, ...] = ()  # per unit: its cost plus the largest rank among its dependents (critical path)
 
     @classmethod
     def build(cls, units: Sequence[Access], droppable: Collection[int]) -> "Schedule":
@@ -158,8 +164,11 @@ class Schedule:
             for t in mine:
                 readers[t] = readers.get(t, 0) + 1
             releases.append(mine)
+        rank = [0.0] * len(units)
+        for i in range(len(units) - 1, -1, -1):  # dependents come later in program order
+            rank[i] = units[i].cost + max((rank[j] for j in dependents[i]), default=0.0)
         return cls(waits=tuple(len(w) for w in before), dependents=tuple(tuple(d) for d in dependents),
-                   releases=tuple(releases), readers=readers)
+                   releases=tuple(releases), readers=readers, rank=tuple(rank))
 
 
 class _Failed:
@@ -206,7 +215,8 @@ class _Run:
         self.schedule, self.compute, self.complete, self.drop = schedule, compute, complete, drop
         self.waits = list(schedule.waits)
         self.left = dict(schedule.readers)
-        self.ready = [i for i, count in enumerate(self.waits) if count == 0]
+        self.rank = schedule.rank or (0.0,) * len(self.waits)
+        self.ready = [(-self.rank[i], i) for i, count in enumerate(self.waits) if count == 0]  # a heap
         heapq.heapify(self.ready)
         self.lock = threading.Condition(threading.Lock())
         self.running = 0
@@ -216,7 +226,8 @@ class _Run:
         self.broken: BaseException | None = None  # what stopped a thread outside any unit
 
     def work(self) -> None:
-        """Take ready units, first in program order first, and run them until none is left or can come."""
+        """Take ready units, the highest rank first (then program order), and run them until none is left or
+        can come."""
         index, result = -1, None
         try:
             while True:
@@ -241,10 +252,10 @@ class _Run:
     def _take(self) -> int:
         """The next unit to start (under the lock; waits while others run and none is startable), or -1."""
         while True:
-            while self.ready and self.ready[0] >= self.stop_at:
-                heapq.heappop(self.ready)
-            if self.ready:
-                return heapq.heappop(self.ready)
+            while self.ready:
+                _, index = heapq.heappop(self.ready)
+                if index < self.stop_at:
+                    return index
             if not self.running:
                 self.lock.notify_all()  # nothing runs, nothing can become ready: every thread is done
                 return -1
@@ -262,7 +273,7 @@ class _Run:
             for later in schedule.dependents[index]:
                 self.waits[later] -= 1
                 if self.waits[later] == 0:
-                    heapq.heappush(self.ready, later)
+                    heapq.heappush(self.ready, (-self.rank[later], later))
         for t in schedule.releases[index]:
             self.left[t] -= 1
             if self.left[t] == 0:

@@ -137,13 +137,19 @@ _DENSE_FLOPS_PER_SECOND = 100e9
 _BYTES_PER_SECOND = 5e9
 
 
+def estimated_seconds(program: ir.Program, kernel: ir.Kernel) -> float:
+    """A rough run time of one kernel on the host: a dense one's FLOPs, any other's bytes read and written."""
+    if kernel.kind in _DENSE:
+        return kernel.flops / _DENSE_FLOPS_PER_SECOND
+    return sum(program.tensors[t].size * np_dtype(program.tensors[t].dtype).itemsize
+               for t in (*kernel.inputs, *kernel.outputs)) / _BYTES_PER_SECOND
+
+
 def dense_bound(program: ir.Program) -> bool:
-    """Whether the program's dense kernels (matmul, convolutions) take most of a step, by a rough estimate (their
-    FLOPs against the bytes every other kernel reads and writes): the MLP yes (61%), the zoo transformer (24%)
-    and CNN (38%) no."""
-    dense = sum(k.flops for k in program.kernels if k.kind in _DENSE) / _DENSE_FLOPS_PER_SECOND
-    other = sum(program.tensors[t].size * np_dtype(program.tensors[t].dtype).itemsize
-                for k in program.kernels if k.kind not in _DENSE for t in (*k.inputs, *k.outputs)) / _BYTES_PER_SECOND
+    """Whether the program's dense kernels (matmul, convolutions) take most of a step, by a rough estimate
+    (`estimated_seconds`): the MLP yes (61%), the zoo transformer (24%) and CNN (38%) no."""
+    dense = sum(estimated_seconds(program, k) for k in program.kernels if k.kind in _DENSE)
+    other = sum(estimated_seconds(program, k) for k in program.kernels if k.kind not in _DENSE)
     return dense > other
 
 
@@ -429,7 +435,9 @@ class Executor:
             units.append(dataflow.Access(
                 reads=reads, outputs=p.outputs, reads_vars=var_reads,
                 writes_vars=p.kernel.vars if p.writes else (),
-                checks_input=p.kernel.kind in ir.CHECKS_INPUT))
+                checks_input=p.kernel.kind in ir.CHECKS_INPUT,
+                cost=estimated_seconds(self.program, p.kernel) if p.chain is not None  # what it stores, not its
+                else sum(estimated_seconds(self.program, k) for k in p.members)))  # intermediates
         droppable = {t for p in plan for t in p.reads if self._last_use.get(t) in ids and t not in self._keep}
         return dataflow.Schedule.build(units, droppable)
 

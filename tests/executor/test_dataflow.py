@@ -2,6 +2,7 @@
 and the executor on the zoo transformer giving the bits of one kernel at a time."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -33,6 +34,22 @@ def test_the_graph_orders_data_variables_and_refusals():
     ]
     before = _waits_for(Schedule.build(units, droppable=set()))
     assert before == [set(), {0}, set(), {1, 2}, {3}, set(), set(), {5}, {3, 4, 5}]
+
+
+def test_ready_units_start_longest_path_first():
+    # 0 -> 1 -> 2 is the critical path (3 units of cost 1); 3 is alone with cost 2; 4 and 5 cost nothing
+    units = [Access(reads=[], outputs=[10], cost=1.0), Access(reads=[10], outputs=[11], cost=1.0),
+             Access(reads=[11], outputs=[12], cost=1.0), Access(reads=[], outputs=[13], cost=2.0),
+             Access(reads=[], outputs=[14]), Access(reads=[], outputs=[15])]
+    schedule = Schedule.build(units, set())
+    assert schedule.rank == (3.0, 2.0, 1.0, 2.0, 0.0, 0.0)
+    started: list[int] = []
+    dataflow._Run(schedule, started.append, lambda i, r: None, lambda t: None).work()  # one thread: the order
+    assert started == [0, 1, 3, 2, 4, 5]  # among equal ranks (1 and 3), program order
+    without_costs = Schedule.build([dataclasses.replace(u, cost=0.0) for u in units], set())
+    started.clear()
+    dataflow._Run(without_costs, started.append, lambda i, r: None, lambda t: None).work()
+    assert started == [0, 1, 2, 3, 4, 5]  # program order
 
 
 def test_a_tensor_is_dropped_when_every_reader_has_finished_whatever_the_order():
