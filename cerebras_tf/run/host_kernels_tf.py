@@ -98,7 +98,7 @@ def _tensor(x: np.ndarray) -> Any:
 
 def _eager_op(op: Any, operands: Mapping[str, np.ndarray], **attrs: Any) -> np.ndarray:
     """TF's `op` (a tf.raw_ops function) called eagerly on numpy operands, copying neither them nor the result
-    (`.numpy()` would copy it): a 64x4096x10 matmul 0.30 -> 0.11 ms."""
+    (`.numpy()` would copy it): the zoo CNN's 64x10 by 10x4096 gradient matmul 0.30 -> 0.16 ms a call."""
     return _eager(lambda: op(**{name: _tensor(x) for name, x in operands.items()}, **attrs)._numpy())
 
 
