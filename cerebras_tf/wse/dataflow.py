@@ -72,11 +72,12 @@ class ThreadChoice:
     Side by side is not always faster: OpenBLAS then runs on one thread, and a model whose step is a chain of
     matmuls (the MLP) has little else to run beside them; one at a time, OpenBLAS uses every core. The
     results are the same bits either way, so only the time decides: after WARMUP steps (numba compiles,
-    caches and malloc's heap fill), the candidates take turns for TRIALS steps each, and the one with the
-    lowest median step time is kept."""
+    caches and malloc's heap fill: the zoo CNN's steps still shrink from 45 to 30 ms over its first six), the
+    candidates take turns for TRIALS steps each, and the one with the lowest median step time is kept. (With
+    two warm-up steps the CNN kept two threads in one run of three, at 33 ms a step against one thread's 29.)"""
 
-    WARMUP = 2
-    TRIALS = 4
+    WARMUP = 6
+    TRIALS = 5
 
     def __init__(self, candidates: Sequence[int]) -> None:
         self.candidates = tuple(candidates)
