@@ -21,10 +21,10 @@ with the longest estimated path to the end of the phase (its critical path:
 the sum of the `cost` estimates along its longest chain of dependents), the
 first in program order among equals, run it, and settle it under one lock.
 Without costs that is program order (memory stays near that of running one at
-a time); with them, work on the critical path starts first, and what is off it
-(the transformer's weight gradients) fills the other core. Each unit computes what it
-would one at a time: results are bit-identical whatever the schedule, and the
-same from run to run. A tensor is dropped when every unit of the phase that
+a time); with them, work on the critical path starts first, and what is off
+it (the transformer's weight gradients) fills the other core. Each unit
+computes what it would one at a time: results are bit-identical whatever the
+schedule, and the same from run to run. A tensor is dropped when every unit of the phase that
 reads it has finished (its last use is in this phase and it is not kept).
 The cores are not oversubscribed: a kernel started beside another does not
 split its work (threads.split_range), and OpenBLAS runs on one thread while

@@ -10,7 +10,8 @@ fptrunc to half and fpext back, F16C's vcvtps2ph/vcvtph2ps on x86-64): the
 reference's rounding is IEEE's (to nearest even, subnormals kept, overflow to
 inf), so it gives the same bits for every float32 (checked over all 2**32,
 with and without denormal flushing; NaNs keep their quieted float32 payload, as
-in the reference). The zoo transformer's 2M-element weight: 0.83 -> 0.61 ms.
+in the reference): 2M elements 0.83 -> 0.61 ms, the zoo transformer's
+roundings 9.6 -> 6.8 ms a step.
 The other formats (bfloat16, cbfloat16) keep the arithmetic loops.
 """
 from __future__ import annotations
