@@ -20,6 +20,7 @@ from cerebras_tf.run import host_kernels_tf
 from cerebras_tf.run.host_kernels_tf import TENSORFLOW_HOST_KERNELS as TF_KERNELS
 from cerebras_tf.wse.kernels import NUMPY_HOST_KERNELS as NP_KERNELS
 from cerebras_tf.wse.kernels import HostKernels
+from cerebras_tf.wse.memory import empty_aligned
 
 from test_linalg import CONV_CASES, DW_CASES, _attrs
 
@@ -88,6 +89,35 @@ def test_integer_matmul_stays_on_numpy_and_is_exact(rng):
     a = rng.integers(-1000, 1000, size=(6, 9)).astype(np.int32)
     b = rng.integers(-1000, 1000, size=(9, 4)).astype(np.int32)
     np.testing.assert_array_equal(TF_KERNELS.matmul([a, b], {}), a @ b)
+
+
+def _laid_out(x: np.ndarray, layout: str) -> np.ndarray:
+    """x's values in memory TF can (aligned) or cannot (the rest) take through DLPack without a copy."""
+    if layout == "unaligned":  # 4 bytes off a 64-byte boundary: TF aborts the process on such a tensor
+        buffer = empty_aligned((x.size + 1,), x.dtype)
+        y = buffer[1:].reshape(x.shape)
+    elif layout == "fortran":
+        y = np.asfortranarray(np.empty_like(x))
+    else:
+        y = empty_aligned(x.shape, x.dtype)
+    y[...] = x
+    if layout == "read-only":
+        y.flags.writeable = False
+    return y
+
+
+@pytest.mark.parametrize("layout", ["aligned", "unaligned", "fortran", "read-only"])
+def test_tensorflow_matmuls_take_any_operand_memory_and_give_a_writable_result(rng, layout):
+    import tensorflow as tf
+
+    a, b = rng.standard_normal((64, 40)).astype(np.float32), rng.standard_normal((24, 40)).astype(np.float32)
+    theirs = tf.raw_ops.MatMul(a=a, b=b, transpose_b=True).numpy()
+    ours = TF_KERNELS.matmul([_laid_out(a, layout), _laid_out(b, layout)], {"transpose_b": True})
+    np.testing.assert_array_equal(ours, theirs)  # TF's own kernel on the same values: the same bits
+    ours[0, 0] = 0.0  # the executor may write into a kernel's result
+    x, y = rng.standard_normal((2, 3, 5, 4)).astype(np.float32), rng.standard_normal((2, 3, 4, 6)).astype(np.float32)
+    np.testing.assert_array_equal(TF_KERNELS.batch_matmul([_laid_out(x, layout), _laid_out(y, layout)], {}),
+                                  tf.raw_ops.BatchMatMulV2(x=x, y=y).numpy())
 
 
 def test_nchw_convolutions_match_nhwc_on_tensorflow(rng):
