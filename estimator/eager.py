@@ -24,14 +24,9 @@ def eagerly() -> Iterator[None]:
     """Run the block eagerly in this thread: outside any graph being built (tf.init_scope), and in eager mode
     even where eager execution was disabled (the mode is per thread: a thread started inside the block is
     not eager by that; give its target `eager_thread`)."""
-    if context.executing_eagerly():
-        yield
-        return
-    if not tf.compat.v1.get_default_graph().building_function:  # no function to lift out of: tf.init_scope's
-        with context.eager_mode():  # cost (50-80 us a call, the host kernels' TF calls pay it) is not needed
-            yield
-        return
-    with tf.init_scope():
+    # tf.init_scope costs 50-80 us a call (the host kernels' TF calls pay it): only a function being built needs it
+    building = tf.compat.v1.get_default_graph().building_function
+    with tf.init_scope() if building else contextlib.nullcontext():
         if context.executing_eagerly():
             yield
         else:
