@@ -3,15 +3,16 @@
 The executor (wse/, TF-free) takes its dense arithmetic from a `HostKernels`
 provider; this one runs TensorFlow's ops on the numpy operands: MatMul,
 BatchMatMulV2, Conv2D, Conv2DBackpropInput/Filter, DepthwiseConv2dNative and
-its two gradients. The matmuls are eager tf.raw_ops calls on the operands' own
-memory (DLPack) and give their result's memory back uncopied. Each distinct
-convolution call (op, operand shapes, attrs) becomes a one-op graph with a
-tf.compat.v1.Session of its own, built on first use and run through a
-callable: TF's graph passes then give it the oneDNN kernels a training graph
-gets, which eager calls of the same raw ops miss for some shapes (a 3-channel
-first layer's filter gradient: 2.0 ms eager, 0.95 ms in the session); such a
-call costs about 0.2 ms more than an eager one, which only small ops would
-feel. It is only the arithmetic: the WSE kernels around it keep the numerics
+its two gradients. Each distinct call (op, operand shapes, attrs) becomes a
+one-op graph with a tf.compat.v1.Session of its own, built on first use and
+run through TF's C-level callable (no session.run in Python on each call):
+TF's graph passes give it the oneDNN kernels a training graph gets, which
+eager calls of the same raw ops miss for some shapes (a 3-channel first
+layer's filter gradient: 2.0 ms eager, 0.95 ms in the session), and a call
+costs less than an eager one, which the zoo CNN's step feels most (measured
+alternating in one process: 30.8 -> 28.2 ms with the callables, then 27.8
+-> 27.0 with its matmuls in sessions too, where they had been eager calls).
+It is only the arithmetic: the WSE kernels around it keep the numerics
 contract (float32 operands, already rounded to the half dtype; float32
 accumulation; the result cast back), so a run differs from the numpy provider
 only by the order in which float32 products are summed.
@@ -36,15 +37,14 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, cast
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.eager import context
+from tensorflow.core.protobuf import config_pb2
 
 from cerebras_tf import ir
 from cerebras_tf.wse.kernels import NUMPY_HOST_KERNELS, DenseKernel, HostKernels
-from estimator.eager import eagerly
 
 ENV_VAR = "CEREBRAS_TF_HOST_KERNELS"
 _R = tf.raw_ops
@@ -75,31 +75,25 @@ class _OneOpGraphs:
                 placeholders = [tf.compat.v1.placeholder(tf.as_dtype(x.dtype), x.shape) for x in operands]
                 result = build(*placeholders)
             session = tf.compat.v1.Session(graph=graph)
-            built = (session, session.make_callable(result, placeholders))
+            built = (session, _callable(session, result, placeholders))
             with self._lock:
                 built = self._calls.setdefault(key, built)
         return np.asarray(built[1](*operands))
 
 
+def _callable(session: Any, result: Any, placeholders: Sequence[Any]) -> Callable[..., np.ndarray]:
+    """`session`'s callable computing `result` from the placeholders' values: TF's own C-level callable
+    (Session._make_callable_from_options, which Keras's v1 backend uses too) where the Session has it; the
+    public make_callable, which runs a whole session.run (feed dict, fetch handler) on each call when the
+    callable takes feeds, otherwise: a 3x3 convolution of a 64x16x16x32 input, 2.30 -> 1.95 ms a call."""
+    make = getattr(session, "_make_callable_from_options", None)
+    if make is None:  # pragma: no cover - every supported TF has it
+        return cast(Callable[..., np.ndarray], session.make_callable(result, placeholders))
+    run = make(config_pb2.CallableOptions(feed=[p.name for p in placeholders], fetch=[result.name]))
+    return lambda *operands: run(*operands)[0]
+
+
 _graphs = _OneOpGraphs()
-
-
-# TF's kernels abort the process (a failed CHECK, not an exception) on a tensor not aligned to this many bytes.
-_TF_ALIGNMENT = 64
-
-
-def _tensor(x: np.ndarray) -> Any:
-    """x as an eager tensor: its own memory, through DLPack, where x can lend it (C-contiguous, writable: numpy
-    exports no read-only array, and aligned as TF's kernels require); a copy otherwise."""
-    if x.flags.c_contiguous and x.flags.writeable and x.ctypes.data % _TF_ALIGNMENT == 0:
-        return tf.experimental.dlpack.from_dlpack(x.__dlpack__())
-    return tf.convert_to_tensor(x)
-
-
-def _eager_op(op: Any, operands: Mapping[str, np.ndarray], **attrs: Any) -> np.ndarray:
-    """TF's `op` (a tf.raw_ops function) called eagerly on numpy operands, copying neither them nor the result
-    (`.numpy()` would copy it): the zoo CNN's 64x10 by 10x4096 gradient matmul 0.30 -> 0.16 ms a call."""
-    return _eager(lambda: op(**{name: _tensor(x) for name, x in operands.items()}, **attrs)._numpy())
 
 
 def _freeze(attrs: Mapping[str, Any]) -> tuple:
@@ -107,13 +101,20 @@ def _freeze(attrs: Mapping[str, Any]) -> tuple:
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items()))
 
 
+def _session_op(op: Any, operands: Mapping[str, np.ndarray], **attrs: Any) -> np.ndarray:
+    """TF's `op` (a tf.raw_ops function) on numpy operands, named as `op` names them, in a one-op graph."""
+    names = list(operands)
+    return _graphs.run((op.__name__, _freeze(attrs)), lambda *fed: op(**dict(zip(names, fed)), **attrs),
+                       list(operands.values()))
+
+
 def matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
     """MatMul (TF's oneDNN sgemm); integer operands on numpy."""
     if not _floats(inputs):
         return _numpy.matmul(inputs, attrs)
     a, b = inputs
-    return _eager_op(_R.MatMul, {"a": a, "b": b}, transpose_a=bool(attrs.get("transpose_a", False)),
-                     transpose_b=bool(attrs.get("transpose_b", False)))
+    return _session_op(_R.MatMul, {"a": a, "b": b}, transpose_a=bool(attrs.get("transpose_a", False)),
+                       transpose_b=bool(attrs.get("transpose_b", False)))
 
 
 def batch_matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
@@ -121,17 +122,8 @@ def batch_matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.n
     if not _floats(inputs):
         return _numpy.batch_matmul(inputs, attrs)
     a, b = inputs
-    return _eager_op(_R.BatchMatMulV2, {"x": a, "y": b}, adj_x=bool(attrs.get("adj_x", False)),
-                     adj_y=bool(attrs.get("adj_y", False)))
-
-
-def _eager(call: Callable[[], np.ndarray]) -> np.ndarray:
-    """call() as an eager op call: on a thread where eager execution is off (the script disabled it, and the
-    executor's second thread has its own mode), inside eagerly()."""
-    if context.executing_eagerly():
-        return call()
-    with eagerly():
-        return call()
+    return _session_op(_R.BatchMatMulV2, {"x": a, "y": b}, adj_x=bool(attrs.get("adj_x", False)),
+                       adj_y=bool(attrs.get("adj_y", False)))
 
 
 class _Conv:
