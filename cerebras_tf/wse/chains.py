@@ -16,8 +16,10 @@ member outputs read outside it or kept; the other intermediates are never stored
 The loop's source is generated from the chain's structure, compiled by numba (nopython, nogil, no
 fast-math) once per structure per process, and written to a per-user cache dir
 (``$CEREBRAS_TF_CHAIN_CACHE`` or ``~/.cache/cerebras_tf/chains``) so numba's on-disk cache keeps the
-machine code across runs. No chains without numba or with CEREBRAS_TF_JIT=0 (`_jit.enabled()`), or with
-CEREBRAS_TF_FUSE_CHAINS=0 (`enabled()`; tests flip the module flag with `use_chains`).
+machine code across runs: one directory there per code generation (a cerebras_tf whose loops differ),
+another generation's removed once it has gone unused for two weeks. No chains without numba or with
+CEREBRAS_TF_JIT=0 (`_jit.enabled()`), or with CEREBRAS_TF_FUSE_CHAINS=0 (`enabled()`; tests flip the module
+flag with `use_chains`).
 """
 from __future__ import annotations
 
@@ -28,9 +30,12 @@ import hashlib
 import importlib.util
 import math
 import os
+import shutil
+import string
 import sys
 import tempfile
 import threading
+import time
 from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -437,9 +442,59 @@ def cache_dir() -> str:
     return os.path.join(base, "cerebras_tf", "chains")
 
 
+# Loops of another code generation (another cerebras_tf) are removed once their directory has gone this long
+# without a new loop or a process that uses it: an install that still runs them writes them again.
+STALE_AFTER_SECONDS = 14 * 24 * 3600
+_pruned: set[str] = set()  # cache dirs this process has pruned
+
+
+def _loop_dir() -> str:
+    """This code generation's directory in cache_dir() (named after _CODEGEN_STAMP); on the first call in a
+    process, marked as in use (its mtime) and every stale loop of another generation removed."""
+    root = cache_dir()
+    directory = os.path.join(root, _CODEGEN_STAMP)
+    if root not in _pruned:
+        _pruned.add(root)
+        try:
+            os.makedirs(directory, exist_ok=True)
+            os.utime(directory)
+            _remove_stale(root)
+        except OSError:
+            pass
+    return directory
+
+
+def _remove_stale(root: str) -> None:
+    """Remove what in `root` is not this generation's and has not changed for STALE_AFTER_SECONDS: the
+    directories of other generations, and the chain_*.py files (with numba's caches of them) that versions
+    before the per-generation directories wrote straight into `root`."""
+    now = time.time()
+
+    def stale(path: str) -> bool:
+        try:
+            return now - os.stat(path).st_mtime > STALE_AFTER_SECONDS
+        except OSError:
+            return False
+    with os.scandir(root) as entries:
+        for entry in entries:
+            generation = len(entry.name) == len(_CODEGEN_STAMP) and set(entry.name) <= set(string.hexdigits)
+            if generation and entry.name != _CODEGEN_STAMP and entry.is_dir() and stale(entry.path):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            elif entry.name.startswith("chain_") and entry.name.endswith(".py") and stale(entry.path):
+                with contextlib.suppress(OSError):
+                    os.remove(entry.path)
+    legacy = os.path.join(root, "__pycache__")
+    if os.path.isdir(legacy):
+        for name in os.listdir(legacy):
+            path = os.path.join(legacy, name)
+            if name.startswith("chain_") and stale(path):
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+
+
 def _write_source(source: str, digest: str) -> str | None:
     """The path of a file holding `source` (written once, atomically), or None where none can be written."""
-    directory = cache_dir()
+    directory = _loop_dir()
     path = os.path.join(directory, f"chain_{digest}.py")
     try:
         with open(path, encoding="utf-8") as existing:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
+import time
 
 import numpy as np
 import pytest
@@ -317,13 +319,43 @@ def test_loops_are_kept_as_files_for_numbas_disk_cache(tmp_path, monkeypatch):
     monkeypatch.setenv(chains_module.CACHE_ENV_VAR, str(tmp_path / "chains"))
     monkeypatch.setattr(chains_module, "_compiled_loops", {})
     source = chain().source
-    (path,) = (tmp_path / "chains").glob("chain_*.py")
+    (path,) = (tmp_path / "chains" / chains_module._CODEGEN_STAMP).glob("chain_*.py")
     assert path.read_text() == source
-    assert list((tmp_path / "chains" / "__pycache__").glob("*.nbi"))
+    assert list((tmp_path / "chains" / chains_module._CODEGEN_STAMP / "__pycache__").glob("*.nbi"))
     (tmp_path / "file").write_text("")
     monkeypatch.setenv(chains_module.CACHE_ENV_VAR, str(tmp_path / "file" / "chains"))
     monkeypatch.setattr(chains_module, "_compiled_loops", {})
     chain()
+
+
+def test_loops_of_other_code_generations_are_removed_once_unused_for_two_weeks(tmp_path, monkeypatch):
+    """The cache keeps one directory per code generation; another generation's (and the flat files of
+    versions before the directories) go when they have not changed for STALE_AFTER_SECONDS, what is recent
+    or not the cache's own stays."""
+    root = tmp_path / "chains"
+    old_generation, recent_generation = root / ("0" * 16), root / ("1" * 16)
+    for directory in (old_generation / "__pycache__", recent_generation, root / "__pycache__"):
+        directory.mkdir(parents=True)
+    (old_generation / "chain_aa.py").write_text("")
+    (old_generation / "__pycache__" / "chain_aa.nbi").write_text("")
+    legacy, legacy_cache = root / "chain_bb.py", root / "__pycache__" / "chain_bb.loop-1.py311.nbi"
+    unrelated, not_a_generation = root / "notes.txt", root / "keep-this-dir"
+    for path in (legacy, legacy_cache, unrelated):
+        path.write_text("")
+    not_a_generation.mkdir()
+    month_ago = time.time() - 30 * 24 * 3600
+    for path in (old_generation, legacy, legacy_cache, unrelated, not_a_generation):
+        os.utime(path, (month_ago, month_ago))
+    monkeypatch.setenv(chains_module.CACHE_ENV_VAR, str(root))
+    monkeypatch.setattr(chains_module, "_compiled_loops", {})
+    monkeypatch.setattr(chains_module, "_pruned", set())
+    b = _Builder()
+    first = b.kernel("mul", [b.tensor((3,), value=[1.0, 2.0, 4.0]), b.tensor((), value=3.0)])
+    (found,) = b.chains(keep={b.kernel("neg", [first])})
+    assert _run(found, b.values)[found.outputs[0]].tolist() == [-3.0, -6.0, -12.0]
+    assert not old_generation.exists() and not legacy.exists() and not legacy_cache.exists()
+    assert recent_generation.exists() and unrelated.exists() and not_a_generation.exists()
+    assert list((root / chains_module._CODEGEN_STAMP).glob("chain_*.py"))
 
 
 # ---- whole steps ------------------------------------------------------------------------------------------
