@@ -191,7 +191,7 @@ def _conv_kernel(field: str, op: Any, operands: tuple[str, str], sizes: str | No
             kw[sizes] = [int(v) for v in attrs[sizes]]
         fed = [np.ascontiguousarray(c.to_nhwc(x)) if name in ("input", "out_backprop") else x
                for name, x in zip(operands, inputs)]
-        out = _graphs.run((field, _freeze(kw)), lambda a, b: op(**kw, **dict(zip(operands, (a, b)))), fed)
+        out = _session_op(op, dict(zip(operands, fed)), **kw)
         return out if sizes == "filter_sizes" else c.back(out)
     kernel.__name__ = kernel.__qualname__ = field
     return kernel

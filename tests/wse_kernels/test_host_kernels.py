@@ -92,7 +92,7 @@ def test_integer_matmul_stays_on_numpy_and_is_exact(rng):
 
 
 def _laid_out(x: np.ndarray, layout: str) -> np.ndarray:
-    """x's values in memory of the given layout (TF aborts the process on an unaligned tensor it takes as is)."""
+    """x's values in memory of the given layout."""
     if layout == "unaligned":  # 4 bytes off a 64-byte boundary: TF aborts the process on such a tensor
         buffer = empty_aligned((x.size + 1,), x.dtype)
         y = buffer[1:].reshape(x.shape)
