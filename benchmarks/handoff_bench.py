@@ -20,19 +20,14 @@ from typing import Any, Callable
 
 import numpy as np
 
+from benchmarks.timing import median_seconds
 from cerebras_tf.wse import memory, threads
 
 HALT_POLL = "/sys/module/haltpoll/parameters/guest_halt_poll_ns"
 
 
 def _median_us(fn: Callable[[], Any], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)) * 1e6
+    return median_seconds(fn, repeats) * 1e6
 
 
 def _event_round_trip(repeats: int) -> float:

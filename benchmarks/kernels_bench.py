@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from typing import Any, Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -23,20 +22,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from benchmarks.timing import median_seconds  # noqa: E402
 from cerebras_tf.run.host_kernels_tf import TENSORFLOW_HOST_KERNELS  # noqa: E402
 from cerebras_tf.wse.kernels import KERNELS, NUMPY_HOST_KERNELS, KernelContext  # noqa: E402
 
 R = tf.raw_ops
-
-
-def _median_time(fn: Callable[[], Any], repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
 
 
 Case = tuple[str, Callable[[KernelContext], Any], Callable[[], Any]]  # name, ours (given a context), TF's
@@ -163,8 +153,8 @@ def main(argv: list[str] | None = None) -> None:
     for name, ours, theirs in _cases(rng):
         if args.only not in name:
             continue
-        t_np, t_tfp = (_median_time(lambda c=c, fn=ours: fn(c), args.repeats) for c in contexts)
-        t_tf = _median_time(lambda fn=theirs: fn().numpy(), args.repeats)  # .numpy(): wait for the result
+        t_np, t_tfp = (median_seconds(lambda c=c, fn=ours: fn(c), args.repeats) for c in contexts)
+        t_tf = median_seconds(lambda fn=theirs: fn().numpy(), args.repeats)  # .numpy(): wait for the result
         rows.append((name, t_np * 1e3, t_tfp * 1e3, t_tf * 1e3, t_tf / t_np, t_tf / t_tfp))
     width = max(len(r[0]) for r in rows)
     print(f"{'kernel':<{width}}  {'numpy ms':>9}  {'TF-prov ms':>10}  {'TF ms':>9}  {'TF/numpy':>8}  "
