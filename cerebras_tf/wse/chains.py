@@ -360,11 +360,14 @@ def _source(ops: list[_Op], inputs: list[int], kinds: list[str], outputs: list[i
     args = [name[t] for t in inputs] + [f"o{j}" for j in range(len(outputs))]
     outer = [f"    {local[t]} = {name[t]}[0]" for t, k in zip(inputs, kinds) if k == "s"]
     at = "e" if flat else "r, c"
+    # Unsigned bounds: with a signed index numba wraps negative ones around, and LLVM, unable to rule out
+    # lo < 0, leaves the loop scalar (an optimizer update's chain ran 2.4-4.4x slower).
+    bounds = "range(np.uint64(lo), np.uint64(hi))"
     if flat:
-        header = ["    for e in range(lo, hi):"]
+        header = [f"    for e in {bounds}:"]
         indent = "        "
     else:
-        header = ["    cols = o0.shape[1]", "    for r in range(lo, hi):"]
+        header = ["    cols = o0.shape[1]", f"    for r in {bounds}:"]
         header += [f"        {local[t]} = {name[t]}[r]" for t, k in zip(inputs, kinds) if k == "c"]
         header += ["        for c in range(cols):"]
         indent = "            "
