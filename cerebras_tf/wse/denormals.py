@@ -71,13 +71,45 @@ def _build() -> None:
     def write(value: int) -> None:  # pragma: no cover - compiled by numba
         ldmxcsr(value)
 
-    _read, _write = read, write
+    @njit(nogil=True)
+    def enter(state: int) -> int:  # pragma: no cover - compiled by numba
+        before = stmxcsr()
+        ldmxcsr((before & ~FTZ_DAZ) | (state & FTZ_DAZ))
+        return before
 
+    @njit(nogil=True)
+    def leave(before: int) -> None:  # pragma: no cover - compiled by numba
+        ldmxcsr(before)
+
+    global enter_in_loop, leave_in_loop
+    _read, _write = read, write
+    enter_in_loop, leave_in_loop = enter, leave
+
+
+def _keep(state: int) -> int:  # pragma: no cover - where flushing does not apply
+    return 0
+
+
+def _restore(before: int) -> None:  # pragma: no cover
+    pass
+
+
+# For numba code that runs a kernel's work on a thread of numba's own (threads.run_loop): called from compiled
+# code, `before = enter_in_loop(state)` sets that thread's flushing as `state` (a `mxcsr()`, 0 for none) says,
+# and `leave_in_loop(before)` restores it. Compiled no-ops where flushing does not apply.
+enter_in_loop: Callable[[int], int] = _keep
+leave_in_loop: Callable[[int], None] = _restore
 
 AVAILABLE = platform.machine().lower() in ("x86_64", "amd64")
 if AVAILABLE:
     _build()
     AVAILABLE = _read is not None
+if not AVAILABLE:
+    try:
+        from numba import njit as _njit
+        enter_in_loop, leave_in_loop = _njit(nogil=True)(_keep), _njit(nogil=True)(_restore)
+    except ImportError:  # pragma: no cover - numba is a dependency
+        pass
 
 
 def mxcsr() -> int | None:

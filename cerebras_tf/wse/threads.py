@@ -6,6 +6,13 @@ simulator does the same for the few memory-bound passes that dominate a step
 a single-threaded run: every element is computed by the same ufuncs, only in
 disjoint slices. While the executor runs kernels side by side (wse/dataflow.py),
 no kernel splits: each of its threads already keeps a core busy.
+
+Two ways to split: `split_range` hands Python work to a pool thread (a hand-off
+costs 70-90 us on this project's 2-core VM, benchmarks/handoff_bench.py), and
+`run_loop` runs a compiled loop's parallel version (the chains', wse/chains.py)
+on numba's own threads (OpenMP or TBB), which wait for work without the GIL,
+spinning for a few milliseconds after each loop: a hand-off there costs a few
+microseconds, so loops of 128K elements already gain.
 """
 from __future__ import annotations
 
@@ -13,12 +20,18 @@ import contextlib
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from cerebras_tf.wse import denormals
 from cerebras_tf.wse.memory import empty_aligned
+
+_prange: Any = range
+try:
+    from numba import prange as _prange
+except ImportError:  # pragma: no cover - numba is a dependency
+    pass
 
 MIN_ELEMENTS_PER_THREAD = 1 << 16  # below this, the thread hand-off costs more than it saves
 # One-pass loops that only stream memory (numba's relu, rounding, optimizer updates) stay on one thread below
@@ -26,8 +39,15 @@ MIN_ELEMENTS_PER_THREAD = 1 << 16  # below this, the thread hand-off costs more 
 # after their last kernel (relu + relu_grad in the zoo CNN's step: 8.5 ms split, 5.6 ms on one thread).
 STREAMING_MIN_ELEMENTS_PER_THREAD = 1 << 24
 
+# A compiled loop (a chain's, wse/chains.py) is split on numba's own threads (its OpenMP or TBB layer) from this
+# many elements per thread: they wait for work spinning without the GIL, so a hand-off costs microseconds where
+# a Python pool thread's costs 70-90 (benchmarks/handoff_bench.py).
+LOOP_MIN_ELEMENTS_PER_THREAD = 1 << 16
+
 _pool: ThreadPoolExecutor | None = None
 _beside = 0  # kernels the executor runs beside the one that started last
+_loop_threads: bool | None = None  # whether numba's parallel loops may run in this process (probed on first use)
+_loop_threads_lock = threading.Lock()
 
 
 def host_threads() -> int:
@@ -118,3 +138,65 @@ def map_elementwise(fn: Callable[..., Any], *arrays: np.ndarray, dtype: Any = No
         fn(*(f[lo:hi] for f in flats), out=flat_out[lo:hi])
     split_range(flat_out.size, work, min_per_thread)
     return out
+
+
+def _fill(out: np.ndarray) -> None:  # pragma: no cover - compiled by numba (parallel) in _probe_loop_threads
+    for i in _prange(out.size):
+        out[i] = i
+
+
+def _probe_loop_threads() -> bool:
+    """Whether numba runs parallel loops here on a thread-safe layer (OpenMP or TBB: the executor's threads may
+    launch loops at once; numba's fallback "workqueue" layer aborts on that)."""
+    try:
+        import numba
+        numba.njit(parallel=True, nogil=True, cache=True)(_fill)(np.empty(2))
+        return bool(numba.threading_layer() in ("omp", "tbb"))
+    except Exception:  # noqa: BLE001 - numba missing, or any failure to launch: loops stay on the calling thread
+        return False
+
+
+def loop_parts(size: int, min_per_thread: int = LOOP_MIN_ELEMENTS_PER_THREAD) -> int:
+    """Into how many parts a compiled loop over range(size) is split on numba's threads: one per core, each
+    at least `min_per_thread` long; 1 while another kernel runs beside this one, where numba's threading layer
+    is not thread-safe, or in a child forked after its threads started."""
+    global _loop_threads
+    parts = min(host_threads(), size // max(min_per_thread, 1))
+    if parts <= 1 or _beside or _loop_threads is False:
+        return 1
+    if _loop_threads is None:
+        with _loop_threads_lock:
+            if _loop_threads is None:
+                _loop_threads = _probe_loop_threads()
+        if not _loop_threads:
+            return 1
+    return parts
+
+
+def run_loop(loop: Callable[..., None], parallel_loop: Callable[..., None], arrays: Sequence[Any], size: int,
+             min_per_thread: int = LOOP_MIN_ELEMENTS_PER_THREAD) -> None:
+    """`loop(*arrays, 0, size)`, a numba loop over range(size) that writes each index's own outputs, or, when
+    loop_parts says so, `parallel_loop(state, parts, 0, size, *arrays)`: a numba function (parallel=True) that
+    runs the loop over `parts` disjoint slices of the range on numba's threads, each thread flushing denormals
+    as `state` (the calling thread's denormals.mxcsr(), 0 for none) says (denormals.enter_in_loop). The same
+    bits either way."""
+    parts = loop_parts(size, min_per_thread)
+    if parts > 1:
+        import numba
+        # this thread's team: no more of numba's threads than parts (the others would only spin)
+        numba.set_num_threads(min(parts, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
+        parallel_loop(denormals.mxcsr() or 0, parts, 0, size, *arrays)
+    else:
+        loop(*arrays, 0, size)
+
+
+def _forget_loop_threads() -> None:
+    """In a forked child: numba's OpenMP threads do not exist here, and GNU OpenMP cannot start new ones in a
+    child of a process that used it (numba stops the process): loops stay on the calling thread."""
+    global _loop_threads
+    if _loop_threads:
+        _loop_threads = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_loop_threads)

@@ -15,6 +15,7 @@ import pytest
 from cerebras_tf import amp, ir
 from cerebras_tf.amp import GradScaler
 from cerebras_tf.wse import chains as chains_module
+from cerebras_tf.wse import denormals, threads
 from cerebras_tf.wse.chains import fuse_chains, use_chains
 from cerebras_tf.wse.executor import Executor
 from cerebras_tf.wse.kernels import KERNELS, KernelContext, _jit
@@ -464,3 +465,48 @@ def test_the_adam_chains_write_the_transformers_variables_in_place(tmp_path):
     before = {name: variables[name] for name in variables}
     executor.step(*batches[0])
     assert all(variables[name] is before[name] for name in before)  # the same arrays, written in place
+
+
+def _big_chain(size: int) -> tuple[_Builder, chains_module.Chain]:
+    """x * 1 + y over `size` elements: specials and subnormals at both ends (in each part of a split)."""
+    b = _Builder()
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(size).astype(np.float32)
+    x[: len(SPECIALS)] = x[-len(SPECIALS):] = SPECIALS
+    x[size // 2: size // 2 + 4] = 1e-40
+    xt = b.tensor([size], value=x)
+    one = b.tensor([], value=1.0, const=True)
+    y = b.tensor([size], value=np.zeros(size, np.float32))
+    b.kernel("add", [b.kernel("mul", [xt, one]), y])
+    return b, _check_one_chain(b, keep=[b.kernels[-1].outputs[0]])
+
+
+def test_a_big_chain_split_on_numbas_threads_gives_the_bits_of_one_thread(monkeypatch):
+    monkeypatch.setattr(threads, "host_threads", lambda: 2)
+    size = threads.LOOP_MIN_ELEMENTS_PER_THREAD * 2 + 5
+    if threads.loop_parts(size) < 2:
+        pytest.skip("numba has no thread-safe threading layer here")
+    b, chain = _big_chain(size)
+    split = _run(chain, b.values)
+    monkeypatch.setattr(threads, "loop_parts", lambda size, per=0: 1)
+    alone = _run(chain, b.values)
+    assert all(_same_bits(split[t], alone[t]) for t in chain.outputs)
+
+
+def test_each_of_numbas_threads_flushes_denormals_as_the_kernels_thread(monkeypatch):
+    """The part of a split loop that runs on a thread of numba's own flushes subnormals as the thread that
+    started the kernel does (inside the executor's step), and keeps them outside it."""
+    monkeypatch.setattr(threads, "host_threads", lambda: 2)
+    size = threads.LOOP_MIN_ELEMENTS_PER_THREAD * 2
+    if threads.loop_parts(size) < 2:
+        pytest.skip("numba has no thread-safe threading layer here")
+    b = _Builder()
+    x = b.tensor([size], value=np.full(size, 1e-40, np.float32))
+    one = b.tensor([], value=1.0, const=True)
+    b.kernel("add", [b.kernel("mul", [x, one]), b.tensor([size], value=np.zeros(size, np.float32))])
+    (chain,) = b.chains(keep=[b.kernels[-1].outputs[0]])
+    with denormals.flushing():
+        (flushed,) = _run(chain, b.values).values()
+    (kept,) = _run(chain, b.values).values()
+    assert not flushed.any()  # both halves: the second one ran on numba's thread
+    assert (kept == np.float32(1e-40)).all()

@@ -36,3 +36,30 @@ def test_map_elementwise_fills_a_new_array_slice_by_slice(size, monkeypatch):
     out = threads.map_elementwise(lambda x, y, out: np.multiply(x, y, out=out), a, b, dtype=np.float64)
     assert out.shape == a.shape and out.dtype == np.float64
     np.testing.assert_array_equal(out, a * 2)
+
+
+def test_loop_parts_one_per_core_each_long_enough_and_one_beside_another_kernel(monkeypatch):
+    monkeypatch.setattr(threads, "host_threads", lambda: 2)
+    monkeypatch.setattr(threads, "_loop_threads", True)
+    per = threads.LOOP_MIN_ELEMENTS_PER_THREAD
+    assert threads.loop_parts(per * 2 - 1) == 1
+    assert threads.loop_parts(per * 2) == 2 and threads.loop_parts(per * 50) == 2
+    assert threads.loop_parts(10, min_per_thread=5) == 2
+    threads.kernels_beside(1)
+    try:
+        assert threads.loop_parts(per * 50) == 1
+    finally:
+        threads.kernels_beside(0)
+    monkeypatch.setattr(threads, "_loop_threads", False)  # no thread-safe layer, or a forked child
+    assert threads.loop_parts(per * 50) == 1
+
+
+def test_a_child_forked_after_numbas_threads_ran_keeps_its_loops_on_one_thread(monkeypatch):
+    """GNU OpenMP cannot start threads in a child of a process that used them (numba would stop it)."""
+    import multiprocessing
+
+    monkeypatch.setattr(threads, "host_threads", lambda: 2)
+    if threads.loop_parts(1 << 22) < 2:
+        pytest.skip("numba has no thread-safe threading layer here")
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply_async(threads.loop_parts, (1 << 22,)).get(timeout=60) == 1
