@@ -42,6 +42,7 @@ import numpy as np
 
 from cerebras_tf import ir
 from cerebras_tf.amp import FLOAT32_MODE, half_format
+from cerebras_tf.wse import denormals as _denormals
 from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels import half as _half
 from cerebras_tf.wse.kernels._registry import KernelContext, KernelFn
@@ -52,9 +53,10 @@ ENV_VAR = "CEREBRAS_TF_FUSE_CHAINS"
 CACHE_ENV_VAR = "CEREBRAS_TF_CHAIN_CACHE"
 # In every generated source (so in its cache file's name): this module's own hash, as numba's disk cache would
 # not see a change to the code generation or to the intrinsics a loop inlines;
-# kernels/half.py's too, for the float16 rounding intrinsic the loops call.
+# kernels/half.py's too, for the float16 rounding intrinsic the loops call, and wse/denormals.py's, for the
+# MXCSR functions the parallel loops call.
 _stamp = hashlib.sha256()
-for _path in (__file__, _half.__file__):
+for _path in (__file__, _half.__file__, _denormals.__file__):
     with open(_path, "rb") as _code:
         _stamp.update(_code.read())
 _CODEGEN_STAMP = _stamp.hexdigest()[:16]
