@@ -535,9 +535,9 @@ def _compiled(source: str) -> tuple[Callable[..., None], Callable[..., None]]:
     machine code) where one can be written, else exec'd (compiled every run)."""
     digest = hashlib.sha256(source.encode()).hexdigest()[:24]
     with _lock:
-        loop = _compiled_loops.get(digest)
-        if loop is not None:
-            return loop
+        pair = _compiled_loops.get(digest)
+        if pair is not None:
+            return pair
         path = _write_source(source, digest)
         namespace: dict[str, Any]
         cache = path is not None

@@ -27,11 +27,11 @@ import numpy as np
 from cerebras_tf.wse import denormals
 from cerebras_tf.wse.memory import empty_aligned
 
-_prange: Any = range
+_numba: Any
 try:
-    from numba import prange as _prange
+    import numba as _numba
 except ImportError:  # pragma: no cover - numba is a dependency
-    pass
+    _numba = None
 
 MIN_ELEMENTS_PER_THREAD = 1 << 16  # below this, the thread hand-off costs more than it saves
 # One-pass loops that only stream memory (numba's relu, rounding, optimizer updates) stay on one thread below
@@ -141,18 +141,19 @@ def map_elementwise(fn: Callable[..., Any], *arrays: np.ndarray, dtype: Any = No
 
 
 def _fill(out: np.ndarray) -> None:  # pragma: no cover - compiled by numba (parallel) in _probe_loop_threads
-    for i in _prange(out.size):
+    for i in _numba.prange(out.size):
         out[i] = i
 
 
 def _probe_loop_threads() -> bool:
     """Whether numba runs parallel loops here on a thread-safe layer (OpenMP or TBB: the executor's threads may
     launch loops at once; numba's fallback "workqueue" layer aborts on that)."""
+    if _numba is None:  # pragma: no cover - numba is a dependency
+        return False
     try:
-        import numba
-        numba.njit(parallel=True, nogil=True, cache=True)(_fill)(np.empty(2))
-        return bool(numba.threading_layer() in ("omp", "tbb"))
-    except Exception:  # noqa: BLE001 - numba missing, or any failure to launch: loops stay on the calling thread
+        _numba.njit(parallel=True, nogil=True, cache=True)(_fill)(np.empty(2))
+        return bool(_numba.threading_layer() in ("omp", "tbb"))
+    except Exception:  # noqa: BLE001 - any failure to launch: loops stay on the calling thread
         return False
 
 
@@ -182,9 +183,8 @@ def run_loop(loop: Callable[..., None], parallel_loop: Callable[..., None], arra
     bits either way."""
     parts = loop_parts(size, min_per_thread)
     if parts > 1:
-        import numba
         # this thread's team: no more of numba's threads than parts (the others would only spin)
-        numba.set_num_threads(min(parts, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
+        _numba.set_num_threads(min(parts, _numba.config.NUMBA_NUM_THREADS))
         parallel_loop(denormals.mxcsr() or 0, parts, 0, size, *arrays)
     else:
         loop(*arrays, 0, size)

@@ -467,16 +467,12 @@ def test_the_adam_chains_write_the_transformers_variables_in_place(tmp_path):
     assert all(variables[name] is before[name] for name in before)  # the same arrays, written in place
 
 
-def _big_chain(size: int) -> tuple[_Builder, chains_module.Chain]:
-    """x * 1 + y over `size` elements: specials and subnormals at both ends (in each part of a split)."""
+def _big_chain(x: np.ndarray) -> tuple[_Builder, chains_module.Chain]:
+    """The chain x * 1 + 0 over x's elements."""
     b = _Builder()
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal(size).astype(np.float32)
-    x[: len(SPECIALS)] = x[-len(SPECIALS):] = SPECIALS
-    x[size // 2: size // 2 + 4] = 1e-40
-    xt = b.tensor([size], value=x)
+    xt = b.tensor([x.size], value=x)
     one = b.tensor([], value=1.0, const=True)
-    y = b.tensor([size], value=np.zeros(size, np.float32))
+    y = b.tensor([x.size], value=np.zeros(x.size, np.float32))
     b.kernel("add", [b.kernel("mul", [xt, one]), y])
     return b, _check_one_chain(b, keep=[b.kernels[-1].outputs[0]])
 
@@ -486,7 +482,10 @@ def test_a_big_chain_split_on_numbas_threads_gives_the_bits_of_one_thread(monkey
     size = threads.LOOP_MIN_ELEMENTS_PER_THREAD * 2 + 5
     if threads.loop_parts(size) < 2:
         pytest.skip("numba has no thread-safe threading layer here")
-    b, chain = _big_chain(size)
+    x = np.random.default_rng(3).standard_normal(size).astype(np.float32)
+    x[: len(SPECIALS)] = x[-len(SPECIALS):] = SPECIALS  # specials and subnormals in each part of the split
+    x[size // 2: size // 2 + 4] = 1e-40
+    b, chain = _big_chain(x)
     split = _run(chain, b.values)
     monkeypatch.setattr(threads, "loop_parts", lambda size, per=0: 1)
     alone = _run(chain, b.values)
@@ -500,11 +499,7 @@ def test_each_of_numbas_threads_flushes_denormals_as_the_kernels_thread(monkeypa
     size = threads.LOOP_MIN_ELEMENTS_PER_THREAD * 2
     if threads.loop_parts(size) < 2:
         pytest.skip("numba has no thread-safe threading layer here")
-    b = _Builder()
-    x = b.tensor([size], value=np.full(size, 1e-40, np.float32))
-    one = b.tensor([], value=1.0, const=True)
-    b.kernel("add", [b.kernel("mul", [x, one]), b.tensor([size], value=np.zeros(size, np.float32))])
-    (chain,) = b.chains(keep=[b.kernels[-1].outputs[0]])
+    b, chain = _big_chain(np.full(size, 1e-40, np.float32))
     with denormals.flushing():
         (flushed,) = _run(chain, b.values).values()
     (kept,) = _run(chain, b.values).values()
