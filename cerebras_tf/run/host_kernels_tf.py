@@ -221,6 +221,7 @@ TENSORFLOW_HOST_KERNELS = HostKernels(
     depthwise_conv2d=depthwise_conv2d,
     depthwise_conv2d_backprop_input=depthwise_conv2d_backprop_input,
     depthwise_conv2d_backprop_filter=depthwise_conv2d_backprop_filter,
+    spinning_pool=True,
 )
 
 PROVIDERS = {p.name: p for p in (NUMPY_HOST_KERNELS, TENSORFLOW_HOST_KERNELS)}

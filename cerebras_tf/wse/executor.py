@@ -462,7 +462,8 @@ class Executor:
             for tid, value in zip(plan[index].outputs, outputs):
                 values[tid] = value
 
-        with threads.one_blas_thread() if self._hold_blas else contextlib.nullcontext():
+        with (threads.one_blas_thread() if self._hold_blas else contextlib.nullcontext(),
+              threads.one_loop_thread() if self.host_kernels.spinning_pool else contextlib.nullcontext()):
             dataflow.run(self._schedules[phase], compute, complete, values.__delitem__, self._threads_now)
 
     @staticmethod

@@ -157,13 +157,32 @@ def _probe_loop_threads() -> bool:
         return False
 
 
+_loops_held = 0  # blocks within one_loop_thread
+
+
+@contextlib.contextmanager
+def one_loop_thread() -> Iterator[None]:
+    """Compiled loops stay on the calling thread within the block (loop_parts gives 1). For steps whose dense
+    kernels are TensorFlow's: its pool's threads spin on the cores after each op, and a loop's part on one of
+    numba's threads then waits for a core (the zoo CNN: a 256K-element chain 0.2 ms, or 2 ms in some processes,
+    whose steps took 28 ms instead of 24)."""
+    global _loops_held
+    with _loop_threads_lock:
+        _loops_held += 1
+    try:
+        yield
+    finally:
+        with _loop_threads_lock:
+            _loops_held -= 1
+
+
 def loop_parts(size: int, min_per_thread: int = LOOP_MIN_ELEMENTS_PER_THREAD) -> int:
     """Into how many parts a compiled loop over range(size) is split on numba's threads: one per core, each
-    at least `min_per_thread` long; 1 while another kernel runs beside this one, where numba's threading layer
-    is not thread-safe, or in a child forked after its threads started."""
+    at least `min_per_thread` long; 1 while another kernel runs beside this one, within one_loop_thread, where
+    numba's threading layer is not thread-safe, or in a child forked after its threads started."""
     global _loop_threads
     parts = min(host_threads(), size // max(min_per_thread, 1))
-    if parts <= 1 or _beside or _loop_threads is False:
+    if parts <= 1 or _beside or _loops_held or _loop_threads is False:
         return 1
     if _loop_threads is None:
         with _loop_threads_lock:

@@ -505,3 +505,27 @@ def test_each_of_numbas_threads_flushes_denormals_as_the_kernels_thread(monkeypa
     (kept,) = _run(chain, b.values).values()
     assert not flushed.any()  # both halves: the second one ran on numba's thread
     assert (kept == np.float32(1e-40)).all()
+
+
+def test_loops_stay_on_the_calling_thread_beside_a_provider_whose_pool_spins(tmp_path, monkeypatch):
+    """With TensorFlow's kernels (a pool that keeps spinning after each op) no chain splits on numba's threads;
+    with numpy's, the big ones do."""
+    import dataclasses
+
+    from cerebras_tf.wse.executor import Executor
+    from cerebras_tf.wse.kernels import NUMPY_HOST_KERNELS
+
+    monkeypatch.setattr(threads, "host_threads", lambda: 2)
+    if threads.loop_parts(threads.LOOP_MIN_ELEMENTS_PER_THREAD * 2) < 2:
+        pytest.skip("numba has no thread-safe threading layer here")
+    monkeypatch.setattr(chains_module, "LOOP_MIN_ELEMENTS_PER_THREAD", 256)  # the small model's chains split
+    program, start, batches = _model(tmp_path, "cnn")
+    decided = []
+    loop_parts = threads.loop_parts
+    monkeypatch.setattr(threads, "loop_parts", lambda *args: decided.append(loop_parts(*args)) or decided[-1])
+    spinning = dataclasses.replace(NUMPY_HOST_KERNELS, spinning_pool=True)
+    for provider in (NUMPY_HOST_KERNELS, spinning):
+        decided.clear()
+        with use_chains(True):
+            Executor(program, start, host_kernels=provider, threads=1).step(*batches[0])
+        assert decided and max(decided) == (1 if provider.spinning_pool else 2), provider.name

@@ -50,6 +50,11 @@ def test_loop_parts_one_per_core_each_long_enough_and_one_beside_another_kernel(
         assert threads.loop_parts(per * 50) == 1
     finally:
         threads.kernels_beside(0)
+    with threads.one_loop_thread():  # TensorFlow's pool spins beside the step
+        with threads.one_loop_thread():
+            assert threads.loop_parts(per * 50) == 1
+        assert threads.loop_parts(per * 50) == 1
+    assert threads.loop_parts(per * 50) == 2
     monkeypatch.setattr(threads, "_loop_threads", False)  # no thread-safe layer, or a forked child
     assert threads.loop_parts(per * 50) == 1
 

@@ -28,7 +28,9 @@ DenseKernel = Callable[[Sequence[np.ndarray], Mapping[str, Any]], np.ndarray]
 @dataclasses.dataclass(frozen=True)
 class HostKernels:
     """One provider of the dense kernels; `name` is what the log and the benchmarks show. Its callables may run
-    on several threads at once (the executor runs independent kernels side by side)."""
+    on several threads at once (the executor runs independent kernels side by side). `spinning_pool`: its
+    library's own threads keep spinning on the cores after each call (TensorFlow's), so the executor keeps its
+    compiled loops off numba's threads (threads.one_loop_thread)."""
 
     name: str
     matmul: DenseKernel
@@ -39,6 +41,7 @@ class HostKernels:
     depthwise_conv2d: DenseKernel
     depthwise_conv2d_backprop_input: DenseKernel
     depthwise_conv2d_backprop_filter: DenseKernel
+    spinning_pool: bool = False
 
 
 NUMPY_HOST_KERNELS = HostKernels(
