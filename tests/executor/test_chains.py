@@ -255,6 +255,22 @@ def test_a_kernel_between_that_reads_a_member_output_stops_the_chain_there():
     assert [k.kind for k in chain.kernels] == ["mul", "neg"] and chain.inputs == [s, x]
 
 
+def test_a_lone_kernel_that_numpy_runs_in_several_passes_is_a_chain_of_its_own():
+    b = _Builder()
+    x, m = b.tensor((6, 5), value=np.arange(30) / 7), b.tensor((6, 1), value=np.arange(6) / 3)
+    d = b.kernel("squared_difference", [x, m])  # a layer norm's variance term: one loop, not np.square(x - m)
+    b.kernel("sum", [d], shape=())
+    g = b.kernel("rsqrt_grad", [x, x])
+    b.kernel("sum", [g], shape=())
+    b.kernel("sum", [b.kernel("add", [x, x])], shape=())  # one pass in numpy already: no chain
+    found = b.chains()
+    assert [[k.kind for k in c.kernels] for c in found] == [["squared_difference"], ["rsqrt_grad"]]
+    reference = b.reference("float32")
+    for chain in found:
+        for tid, value in _run(chain, b.values).items():
+            assert _same_bits(value, reference[tid])
+
+
 def test_what_is_not_a_member():
     b = _Builder()
     x = b.tensor((4, 4), value=np.ones(16))
