@@ -297,14 +297,16 @@ def _sum_of_squares(x: np.ndarray) -> np.float32:
             for part in sums:
                 total = F(total + part)
         return total
+    return _pairwise_squares(x, block, 0, n)
 
-    def pairwise(lo: int, m: int) -> np.float32:
-        if m <= _SQUARES_BLOCK:
-            return F(np.square(x[lo:lo + m], out=block[:m]).sum(dtype=F))
-        half = m // 2
-        half -= half % 8
-        return F(pairwise(lo, half) + pairwise(lo + half, m - half))
-    return pairwise(0, n)
+
+def _pairwise_squares(x: np.ndarray, block: np.ndarray, lo: int, m: int) -> np.float32:
+    """numpy 2's pairwise sum of x[lo:lo + m] squared: halves (rounded down to a multiple of 8) down to blocks."""
+    if m <= _SQUARES_BLOCK:
+        return F(np.square(x[lo:lo + m], out=block[:m]).sum(dtype=F))
+    half = m // 2
+    half -= half % 8
+    return F(_pairwise_squares(x, block, lo, half) + _pairwise_squares(x, block, lo + half, m - half))
 
 
 @register("l2_loss")
