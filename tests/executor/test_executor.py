@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from estimator import EstimatorSpec
-from cerebras_tf import CerebrasEstimator, CSRunConfig
+from cerebras_tf import CerebrasEstimator, CSRunConfig, ir
 from cerebras_tf.amp import GradScaler, round_to_half
 from cerebras_tf.compiler import initial
 from cerebras_tf.run.host_kernels_tf import TENSORFLOW_HOST_KERNELS
@@ -182,7 +182,8 @@ def test_the_gradient_seed_drives_every_gradient(tmp_path):
 
 
 def test_fused_relus_give_the_results_of_the_kernels_one_at_a_time(tmp_path, monkeypatch):
-    """The zoo CNN's bias_add -> relu, fused_batch_norm -> relu and max_pool_grad -> relu_grad run fused
+    """The zoo CNN's bias_add -> relu, fused_batch_norm -> relu and max_pool_grad -> relu_grad run fused, and
+    the half rounding after its avg_pool and fused_batch_norm_grad rounds their outputs in place
     (wse/fusion.py); the losses and weights after a few float16 steps are those of the unfused kernels, bit
     for bit."""
     from cerebras_tf.wse import executor as executor_module
@@ -194,13 +195,35 @@ def test_fused_relus_give_the_results_of_the_kernels_one_at_a_time(tmp_path, mon
     runs = []
     for fuse in (True, False):
         if not fuse:
-            monkeypatch.setattr(executor_module, "fused_pairs", lambda *args: {})
+            monkeypatch.setattr(executor_module, "fused_pairs", lambda *args, **kw: {})
+            monkeypatch.setattr(executor_module, "rounding_pairs", lambda *args, **kw: {})
         executor = Executor(program, start, grad_scaler=GradScaler(loss_scale="dynamic"))
         fused = sorted((p.kernel.kind, p.tail.kind) for plan in executor._plans for p in plan if p.tail)
-        assert fused == ([("bias_add", "relu"), ("fused_batch_norm", "relu"), ("max_pool_grad", "relu_grad")]
-                         if fuse else [])
+        assert fused == ([("avg_pool", "to_half"), ("bias_add", "relu"), ("fused_batch_norm", "relu"),
+                          ("fused_batch_norm_grad", "to_half"), ("max_pool_grad", "relu_grad")] if fuse else [])
         losses = [executor.step(features, labels).loss for features, labels in batches]
         runs.append((losses, executor.variables()))
     assert runs[0][0] == runs[1][0]
     for name, value in runs[0][1].items():
         np.testing.assert_array_equal(value, runs[1][1][name], err_msg=name)
+
+
+def test_a_rounding_in_place_never_writes_into_an_input(monkeypatch):
+    """Should a kind that rounds in place hand out its input (a transpose by the identity permutation does,
+    which is why it is not such a kind), the to_half after it rounds into a new array and the batch's array
+    is left as it was."""
+    from cerebras_tf.wse import fusion
+
+    monkeypatch.setattr(fusion, "ROUNDS_IN_PLACE", fusion.ROUNDS_IN_PLACE | {"transpose"})
+    tensors = [ir.Tensor(0, [3, 4], "float32", "x", None), ir.Tensor(1, [3, 4], "float32", "t", None),
+               ir.Tensor(2, [3, 4], "float32", "h", None)]
+    kernels = [ir.Kernel(0, "transpose", [0], [1], {"perm": [0, 1]}), ir.Kernel(1, "to_half", [1], [2], {})]
+    program = ir.Program(mode="eval", tensors=tensors, kernels=kernels, variables=[], inputs={"features": 0},
+                         outputs={"predictions": 2})
+    executor = Executor(program, {}, half_dtype="float16")
+    assert [(p.kernel.kind, p.tail.kind) for plan in executor._plans for p in plan if p.tail] == [
+        ("transpose", "to_half")]
+    x = np.full((3, 4), 1 / 3, np.float32)
+    rounded = executor.step(x).outputs["predictions"]
+    assert (x == np.float32(1 / 3)).all()
+    assert (rounded == np.float32(np.float16(1 / 3))).all()

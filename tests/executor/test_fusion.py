@@ -45,3 +45,19 @@ def test_a_tail_reads_after_the_intermediate_exactly_the_producer_inputs_its_pai
     assert _pairs(pool_grad(features=7)) == {}
     swapped = [_kernel(0, "max_pool_grad", [1, 2, 3], [4]), _kernel(1, "relu_grad", [1, 4], [5])]
     assert _pairs(swapped) == {}
+
+
+def test_a_half_rounding_that_alone_reads_a_new_array_rounds_it_in_place():
+    from cerebras_tf.wse.fusion import rounding_pairs
+
+    def pairs(kernels: list[ir.Kernel], keep: set[int] = frozenset(), exclude=()) -> dict[int, str]:
+        return {pid: t.kind for pid, t in rounding_pairs(kernels, ir.readers(kernels), keep, exclude).items()}
+    assert pairs([_kernel(0, "matmul", [1, 2], [3]), _kernel(1, "neg", [1], [4]), _kernel(2, "to_half", [3], [5])]) \
+        == {0: "to_half"}
+    assert pairs([_kernel(0, "avg_pool", [1], [3]), _kernel(1, "to_half", [3], [4])]) == {0: "to_half"}
+    assert pairs([_kernel(0, "reshape", [1], [3]), _kernel(1, "to_half", [3], [4])]) == {}  # a view of its input
+    assert pairs([_kernel(0, "matmul", [1, 2], [3]), _kernel(1, "to_half", [3], [4]), _kernel(2, "neg", [3], [5])]) \
+        == {}  # another reader needs the unrounded values
+    assert pairs([_kernel(0, "matmul", [1, 2], [3]), _kernel(1, "to_half", [3], [4])], keep={3}) == {}
+    assert pairs([_kernel(0, "matmul", [1, 2], [3]), _kernel(1, "to_half", [3], [4], guard=9)]) == {}
+    assert pairs([_kernel(0, "matmul", [1, 2], [3]), _kernel(1, "to_half", [3], [4])], exclude={1}) == {}

@@ -45,6 +45,19 @@ def test_half_rounding_is_the_reference_bit_for_bit(half, n, rng):
     _same_bits(slow, round_to_half(x, half))
 
 
+@pytest.mark.parametrize("half", ["float16", "bfloat16", "cbfloat16"])
+def test_half_rounding_in_place_is_the_reference_bit_for_bit(half, rng):
+    x = _edgy(rng, 300_001)[:300_001].reshape(-1, 1)
+    expected = round_to_half(x, half)
+    for jit in (True, False):
+        with _jit.use_jit(jit):
+            y = x.copy()
+            assert round_half(y, half, out=y) is y
+            _same_bits(y, expected)
+    with pytest.raises(ValueError, match="C-contiguous float32"):
+        round_half(x, half, out=np.empty((3, 1), F))
+
+
 @pytest.mark.parametrize("flush", [False, True])
 def test_float16_rounding_is_the_reference_across_the_float32_bit_space(flush):
     # float16 takes the hardware conversion (F16C on x86-64); one float32 pattern in 251, every exponent and

@@ -72,6 +72,29 @@ def _round_float16(x: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover 
 
 
 @_jit.jit
+def _round_float16_in_place(x: np.ndarray) -> None:  # pragma: no cover - compiled by numba
+    """x = x rounded to IEEE float16: one array, so the loop is vectorised (with an output that may overlap the
+    input, LLVM's run-time overlap check sends an in-place call down its scalar loop: 2M elements 0.3 -> 2.9 ms)."""
+    for i in range(x.size):
+        x[i] = to_float16(x[i])
+
+
+@_jit.jit
+def _round_bfloat16_in_place(xu: np.ndarray) -> None:  # pragma: no cover - compiled by numba
+    """_round_bfloat16 on the bits of x, in place, from the bits alone (one array: vectorised)."""
+    for i in range(xu.size):
+        u = xu[i]
+        xu[i] = u if (u & 0x7FFFFFFF) > 0x7F800000 else (((u >> 16) & 1) + u + 0x7FFF) & 0xFFFF0000
+
+
+def rounds_in_place(dtype: str) -> bool:
+    """Whether `round_half(x, dtype, out=x)` takes a loop of its own (one array, vectorised) and so costs less
+    than a new array: float16 and bfloat16; the other formats' blocked loops run scalar in place."""
+    fmt = half_format(dtype)
+    return _jit.enabled() and (fmt.name == "float16" or fmt.exponent_bits == 8)
+
+
+@_jit.jit
 def _round_narrow(x: np.ndarray, xu: np.ndarray, ru: np.ndarray, block: np.ndarray, block_bits: np.ndarray,
                   lo: np.uint32, hi: np.uint32, step: np.uint32, up: np.float32,
                   down: np.float32) -> None:  # pragma: no cover - compiled by numba
@@ -100,24 +123,38 @@ def _round_bfloat16(x: np.ndarray, xu: np.ndarray, ru: np.ndarray) -> None:  # p
         ru[i] = u if x[i] != x[i] else (((u >> 16) & 1) + u + 0x7FFF) & 0xFFFF0000
 
 
-def round_half(x: np.ndarray, dtype: str) -> np.ndarray:
-    """`amp.round_to_half(x, dtype)`: a new float32 array of x's shape (64-byte aligned)."""
+def round_half(x: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.ndarray:
+    """`amp.round_to_half(x, dtype)`: a new float32 array of x's shape (64-byte aligned), or `out` (a
+    C-contiguous float32 array of x's shape, which may be x itself: each element is read before it is
+    written)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
-    out = empty_aligned(x.shape, np.float32)
+    if out is None:
+        out = empty_aligned(x.shape, np.float32)
+    elif out.dtype != np.float32 or out.shape != x.shape or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous float32 array of shape {x.shape}")
     flat, flat_out = x.reshape(-1), out.reshape(-1)
     if dtype == FLOAT32_MODE:
         np.copyto(flat_out, flat)
         return out
     fmt = half_format(dtype)
     if not _jit.enabled():
+        if np.may_share_memory(flat, flat_out):  # the reference reads x after writing out
+            flat = flat.copy()
+
         def reference(lo: int, hi: int) -> None:
             round_to_half(flat[lo:hi], dtype, flat_out[lo:hi])
         split_range(flat.size, reference)
         return out
     if fmt.name == "float16":
-        split_range(flat.size, lambda lo, hi: _round_float16(flat[lo:hi], flat_out[lo:hi]), STREAMING)
+        if np.may_share_memory(flat, flat_out):  # out is x (the executor's fused rounding): vectorised in place
+            split_range(flat.size, lambda lo, hi: _round_float16_in_place(flat_out[lo:hi]), STREAMING)
+        else:
+            split_range(flat.size, lambda lo, hi: _round_float16(flat[lo:hi], flat_out[lo:hi]), STREAMING)
         return out
     xu, ru = flat.view(np.uint32), flat_out.view(np.uint32)
+    if fmt.exponent_bits == 8 and np.may_share_memory(flat, flat_out):
+        split_range(flat.size, lambda lo, hi: _round_bfloat16_in_place(ru[lo:hi]), STREAMING)
+        return out
     if fmt.exponent_bits == 8:
         split_range(flat.size, lambda lo, hi: _round_bfloat16(flat[lo:hi], xu[lo:hi], ru[lo:hi]), STREAMING)
         return out
