@@ -496,8 +496,7 @@ class Executor:
     def _rounding_in_place(self, fn: KernelFn) -> KernelFn:
         """`fn` (a kind in fusion.ROUNDS_IN_PLACE) with its first output rounded to the half dtype, in place where
         it is a writable C-contiguous float32 array sharing no memory with an input, on a 64-byte boundary as a
-        new rounded array would be (TensorFlow's kernels copy an operand that is not: 1.5 ms a step in the zoo
-        CNN); else into a new one."""
+        new rounded array would be (TensorFlow's kernels copy an operand that is not); else into a new one."""
         def rounding(inputs: list[np.ndarray], attrs: Mapping, ctx: KernelContext) -> list[np.ndarray]:
             outputs = fn(inputs, attrs, ctx)
             first = outputs[0]

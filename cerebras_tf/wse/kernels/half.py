@@ -73,8 +73,8 @@ def _round_float16(x: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover 
 
 @_jit.jit
 def _round_float16_in_place(x: np.ndarray) -> None:  # pragma: no cover - compiled by numba
-    """x = x rounded to IEEE float16: one array, so the loop is vectorised (with an output that may overlap the
-    input, LLVM's run-time overlap check sends an in-place call down its scalar loop: 2M elements 0.3 -> 2.9 ms)."""
+    """x = x rounded to IEEE float16: one array, so the loop is vectorised (`_round_float16(x, x)` fails LLVM's
+    run-time overlap check and runs its scalar loop: 2M elements 2.9 ms instead of 0.35)."""
     for i in range(x.size):
         x[i] = to_float16(x[i])
 

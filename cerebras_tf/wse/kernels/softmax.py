@@ -312,7 +312,7 @@ def _pairwise_squares(x: np.ndarray, block: np.ndarray, lo: int, m: int) -> np.f
 @register("l2_loss")
 def l2_loss(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
     """sum(x ** 2) / 2 as numpy computes it; float32 without a squared copy of x (`_sum_of_squares`: the zoo
-    transformer's weight decay on its 8000x256 embedding, 1.7 -> 0.5 ms in a step), the same bits."""
+    transformer's weight decay on its 8000x256 embedding, 0.89 -> 0.66 ms), the same bits."""
     x = inputs[0]
     if x.dtype == F and x.size > _SQUARES_BLOCK:
         with np.errstate(over="ignore", invalid="ignore"):
