@@ -52,12 +52,12 @@ from cerebras_tf import ir
 from cerebras_tf.wse import chains as _chains
 from cerebras_tf.wse import dataflow, denormals, memory, threads
 from cerebras_tf.wse.fusion import fused_pairs, rounding_pairs
-from cerebras_tf.wse.kernels import KERNELS, NUMPY_HOST_KERNELS, HostKernels, KernelContext, KernelInputError, np_dtype
+from cerebras_tf.wse.kernels import (DENSE_KINDS, KERNELS, NUMPY_HOST_KERNELS, HostKernels, KernelContext,
+                                    KernelInputError, np_dtype)
 from cerebras_tf.wse.kernels._registry import KernelFn
 from cerebras_tf.wse.kernels.fused import FUSED
 from cerebras_tf.wse.kernels.half import round_half, rounds_in_place
 
-_DENSE = frozenset(f.name for f in dataclasses.fields(HostKernels)) - {"name"}  # kinds a provider computes
 # Kinds whose output may be a view of (or the same array as) an input.
 _MAY_ALIAS = frozenset({"reshape", "squeeze", "expand_dims", "unstack", "split", "split_v", "slice",
                         "strided_slice", "cast", "to_half"})
@@ -140,7 +140,7 @@ _BYTES_PER_SECOND = 5e9
 
 def estimated_seconds(program: ir.Program, kernel: ir.Kernel) -> float:
     """A rough run time of one kernel on the host: a dense one's FLOPs, any other's bytes read and written."""
-    if kernel.kind in _DENSE:
+    if kernel.kind in DENSE_KINDS:
         return kernel.flops / _DENSE_FLOPS_PER_SECOND
     return sum(program.tensors[t].size * np_dtype(program.tensors[t].dtype).itemsize
                for t in (*kernel.inputs, *kernel.outputs)) / _BYTES_PER_SECOND
@@ -149,8 +149,8 @@ def estimated_seconds(program: ir.Program, kernel: ir.Kernel) -> float:
 def dense_bound(program: ir.Program) -> bool:
     """Whether the program's dense kernels (matmul, convolutions) take most of a step, by a rough estimate
     (`estimated_seconds`): the MLP yes (61%), the zoo transformer (24%) and CNN (38%) no."""
-    dense = sum(estimated_seconds(program, k) for k in program.kernels if k.kind in _DENSE)
-    other = sum(estimated_seconds(program, k) for k in program.kernels if k.kind not in _DENSE)
+    dense = sum(estimated_seconds(program, k) for k in program.kernels if k.kind in DENSE_KINDS)
+    other = sum(estimated_seconds(program, k) for k in program.kernels if k.kind not in DENSE_KINDS)
     return dense > other
 
 

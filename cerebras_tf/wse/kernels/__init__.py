@@ -32,9 +32,9 @@ from cerebras_tf.wse.kernels import (  # noqa: F401
 )
 from cerebras_tf.wse.kernels import variables as _variables_kinds  # noqa: F401
 from cerebras_tf.wse.kernels._registry import KERNELS, KernelContext, KernelFn, KernelInputError, np_dtype
-from cerebras_tf.wse.kernels.host_kernels import NUMPY_HOST_KERNELS, DenseKernel, HostKernels
+from cerebras_tf.wse.kernels.host_kernels import DENSE_KINDS, NUMPY_HOST_KERNELS, DenseKernel, HostKernels
 
-__all__ = ["KERNELS", "DenseKernel", "HostKernels", "KernelContext", "KernelFn", "KernelInputError",
+__all__ = ["DENSE_KINDS", "KERNELS", "DenseKernel", "HostKernels", "KernelContext", "KernelFn", "KernelInputError",
            "NUMPY_HOST_KERNELS", "np_dtype", "run_kernel"]
 
 

@@ -44,6 +44,10 @@ class HostKernels:
     spinning_pool: bool = False
 
 
+# The kernel kinds a provider computes: its DenseKernel fields.
+DENSE_KINDS = frozenset(f.name for f in dataclasses.fields(HostKernels)) - {"name", "spinning_pool"}
+
+
 NUMPY_HOST_KERNELS = HostKernels(
     name="numpy",
     matmul=host_numpy.matmul,
