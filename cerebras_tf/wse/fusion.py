@@ -14,19 +14,18 @@ computes it.
 """
 from __future__ import annotations
 
-from typing import Collection, Mapping, Sequence
+from typing import Collection, Iterator, Mapping, Sequence
 
 from cerebras_tf import ir
 from cerebras_tf.wse.kernels.fused import FUSED
 
 
-def fused_pairs(kernels: Sequence[ir.Kernel], readers: Mapping[int, Sequence[int]],
-                keep: Collection[int]) -> dict[int, ir.Kernel]:
-    """Producer kernel id -> the tail kernel fused into it, among `kernels` (one phase, in order);
-    `readers` maps every tensor of the program to the ids of the kernels that read it."""
+def _sole_readers(kernels: Sequence[ir.Kernel], readers: Mapping[int, Sequence[int]],
+                  keep: Collection[int]) -> Iterator[tuple[ir.Kernel, ir.Kernel]]:
+    """(producer, tail) for each kernel of `kernels` (one phase, in order) whose first output only `tail`, a
+    later kernel of the phase, reads, and is not kept; neither of them guarded or writing a variable."""
     by_id = {k.id: k for k in kernels}
     position = {k.id: i for i, k in enumerate(kernels)}
-    pairs: dict[int, ir.Kernel] = {}
     for producer in kernels:
         if not producer.outputs or producer.guard is not None or producer.vars:
             continue
@@ -35,10 +34,18 @@ def fused_pairs(kernels: Sequence[ir.Kernel], readers: Mapping[int, Sequence[int
         if len(reading) != 1 or first in keep or reading[0] not in by_id:
             continue
         tail = by_id[reading[0]]
+        if tail.guard is None and not tail.vars and position[tail.id] > position[producer.id]:
+            yield producer, tail
+
+
+def fused_pairs(kernels: Sequence[ir.Kernel], readers: Mapping[int, Sequence[int]],
+                keep: Collection[int]) -> dict[int, ir.Kernel]:
+    """Producer kernel id -> the tail kernel fused into it, among `kernels` (one phase, in order);
+    `readers` maps every tensor of the program to the ids of the kernels that read it."""
+    pairs: dict[int, ir.Kernel] = {}
+    for producer, tail in _sole_readers(kernels, readers, keep):
         fused = FUSED.get((producer.kind, tail.kind))
-        if (fused is not None and tail.guard is None and not tail.vars
-                and tail.inputs == [first, *(producer.inputs[i] for i in fused.tail_reads)]
-                and position[tail.id] > position[producer.id]):
+        if fused is not None and tail.inputs == [producer.outputs[0], *(producer.inputs[i] for i in fused.tail_reads)]:
             pairs[producer.id] = tail
     return pairs
 
@@ -57,19 +64,6 @@ def rounding_pairs(kernels: Sequence[ir.Kernel], readers: Mapping[int, Sequence[
     """Producer kernel id -> the to_half that rounds its first output in place, among `kernels` (one phase, in
     order): the producer's kind is in ROUNDS_IN_PLACE, the to_half is the only reader of that output, which is
     not kept; neither is guarded, in `exclude`, or writes a variable."""
-    by_id = {k.id: k for k in kernels}
-    position = {k.id: i for i, k in enumerate(kernels)}
-    pairs: dict[int, ir.Kernel] = {}
-    for producer in kernels:
-        if (producer.kind not in ROUNDS_IN_PLACE or not producer.outputs or producer.guard is not None
-                or producer.vars or producer.id in exclude):
-            continue
-        first = producer.outputs[0]
-        reading = readers.get(first, ())
-        if len(reading) != 1 or first in keep or reading[0] not in by_id:
-            continue
-        tail = by_id[reading[0]]
-        if (tail.kind == "to_half" and tail.guard is None and not tail.vars and tail.id not in exclude
-                and tail.inputs == [first] and position[tail.id] > position[producer.id]):
-            pairs[producer.id] = tail
-    return pairs
+    return {producer.id: tail for producer, tail in _sole_readers(kernels, readers, keep)
+            if producer.kind in ROUNDS_IN_PLACE and tail.kind == "to_half" and tail.inputs == [producer.outputs[0]]
+            and producer.id not in exclude and tail.id not in exclude}
