@@ -51,12 +51,13 @@ from cerebras_tf.amp import FLOAT32_MODE, GradScaler, get_half_dtype
 from cerebras_tf import ir
 from cerebras_tf.wse import chains as _chains
 from cerebras_tf.wse import dataflow, denormals, memory, threads
-from cerebras_tf.wse.fusion import fused_pairs, rounding_pairs
+from cerebras_tf.wse.fusion import dense_groups, fused_pairs, rounding_pairs
 from cerebras_tf.wse.kernels import (DENSE_KINDS, KERNELS, NUMPY_HOST_KERNELS, HostKernels, KernelContext,
                                     KernelInputError, np_dtype)
 from cerebras_tf.wse.kernels._registry import KernelFn
 from cerebras_tf.wse.kernels.fused import FUSED
 from cerebras_tf.wse.kernels.half import round_half, rounds_in_place
+from cerebras_tf.wse.kernels.linalg import provided_together
 
 # Kinds whose output may be a view of (or the same array as) an input.
 _MAY_ALIAS = frozenset({"reshape", "squeeze", "expand_dims", "unstack", "split", "split_v", "slice",
@@ -79,7 +80,8 @@ class StepResult:
 
 @dataclasses.dataclass
 class _Planned:
-    """One kernel (or a fused pair: the kernel and its `tail`; or a chain), resolved once for every step.
+    """One kernel (or a fused pair: the kernel and its `tail`; or two dense kernels in one provider call: the
+    kernel and the one `beside` it; or a chain), resolved once for every step.
 
     For a chain (wse/chains.py), `kernel` is a stand-in of kind "chain" (its last member's id, the chain's
     inputs and outputs, no guard) and `chain` the chain itself; it runs where its last member is."""
@@ -90,6 +92,8 @@ class _Planned:
     writes: bool  # writes variables (skipped on a non-finite step with a GradScaler)
     tail: ir.Kernel | None = None  # fused into this one (wse/fusion.py): its output replaces kernel's first
     chain: _chains.Chain | None = None  # the chain this stands for
+    beside: ir.Kernel | None = None  # computed in the same provider call (fusion.dense_groups); fn takes and
+    # returns both kernels' inputs and outputs, the kernel's first
     absorbed: list[ir.Kernel] = dataclasses.field(default_factory=list)  # assigns the chain writes for
 
     @property
@@ -97,11 +101,18 @@ class _Planned:
         """The program's kernels this runs."""
         if self.chain is not None:
             return [*self.chain.kernels, *self.absorbed]
-        return [self.kernel] if self.tail is None else [self.kernel, self.tail]
+        return [self.kernel, *(k for k in (self.tail, self.beside) if k is not None)]
+
+    @property
+    def inputs(self) -> list[int]:
+        """The tensors fn takes."""
+        return self.kernel.inputs if self.beside is None else [*self.kernel.inputs, *self.beside.inputs]
 
     @property
     def outputs(self) -> list[int]:
         """The tensors fn's results are stored as."""
+        if self.beside is not None:
+            return [*self.kernel.outputs, *self.beside.outputs]
         if self.tail is None:
             return self.kernel.outputs
         return [self.tail.outputs[0], *self.kernel.outputs[1:]]
@@ -109,6 +120,8 @@ class _Planned:
     @property
     def reads(self) -> list[int]:
         """Every tensor the unit reads (each once): the kernel's and its tail's, but not what passes between."""
+        if self.beside is not None:
+            return list(dict.fromkeys([*self.kernel.reads, *self.beside.reads]))
         if self.tail is None:
             return list(dict.fromkeys(self.kernel.reads))
         inner = self.kernel.outputs[0]
@@ -346,13 +359,21 @@ class Executor:
             rounded = rounding_pairs(kernels, self._readers, self._keep, exclude={*pairs, *tails, *chain_of})
             pairs.update(rounded)
             tails.update(tail.id for tail in rounded.values())
+        groups = (dense_groups(kernels, exclude={*pairs, *tails, *chain_of})
+                  if self.host_kernels.together is not None else {})
+        by_id = {k.id: k for k in kernels}
+        first_of = {second.id: by_id[first] for first, second in groups.items()}
         position = {k.id: i for i, k in enumerate(kernels)}
         into = {id(chain): self._assigns_into(chain, kernels, position) for chain in chains}
         absorbed = {a.id for assigns in into.values() for a in assigns.values()}
         for kernel in kernels:
             chain = chain_of.get(kernel.id)
-            if kernel.id in tails or kernel.id in absorbed or (chain is not None and chain.kernels[-1] is not kernel):
+            if (kernel.id in tails or kernel.id in absorbed or kernel.id in groups
+                    or (chain is not None and chain.kernels[-1] is not kernel)):
                 continue
+            beside = None
+            if kernel.id in first_of:  # run at the second's place, the first kernel's outputs first
+                kernel, beside = first_of[kernel.id], kernel
             tail = pairs.get(kernel.id)
             fn: Callable[..., list[np.ndarray]]
             assigns: dict[int, ir.Kernel] = {}
@@ -367,6 +388,8 @@ class Executor:
                                    role=kernel.role, layer=kernel.layer, vars=written,
                                    tf_name=" + ".join(m.tf_name or m.kind
                                                       for m in (*chain.kernels, *assigns.values())))
+            elif beside is not None:
+                fn = self._together(kernel, beside)
             elif tail is not None and tail.kind == "to_half":
                 fn = self._rounding_in_place(KERNELS[kernel.kind])
             elif tail is not None:
@@ -380,7 +403,8 @@ class Executor:
             ctx = KernelContext(variables=[self._variables[name] for name in kernel.vars], salt=kernel.id,
                                 host_kernels=self.host_kernels)
             writes = bool(kernel.vars) and kernel.kind not in ir.READS_VARIABLES
-            planned.append(_Planned(kernel, fn, ctx, writes, tail=tail, chain=chain, absorbed=list(assigns.values())))
+            planned.append(_Planned(kernel, fn, ctx, writes, tail=tail, chain=chain, absorbed=list(assigns.values()),
+                                    beside=beside))
         return planned
 
     def _assigns_into(self, chain: _chains.Chain, kernels: list[ir.Kernel],
@@ -463,7 +487,7 @@ class Executor:
                 return []
             if check is not None:
                 p.ctx.check = bool(values[check])
-            return self._call(p, [values[t] for t in p.kernel.inputs], step)
+            return self._call(p, [values[t] for t in p.inputs], step)
 
         def complete(index: int, outputs: list[np.ndarray]) -> None:
             for tid, value in zip(plan[index].outputs, outputs):
@@ -492,6 +516,17 @@ class Executor:
         if self.half_dtype == FLOAT32_MODE:
             return [x]
         return [round_half(x, self.half_dtype)]
+
+    @staticmethod
+    def _together(first: ir.Kernel, second: ir.Kernel) -> KernelFn:
+        """Two dense kernels in one call of the provider's `together` (fusion.dense_groups): the first's inputs,
+        then the second's, in; the first's output, then the second's, out."""
+        split = len(first.inputs)
+
+        def together(inputs: list[np.ndarray], attrs: Mapping, ctx: KernelContext) -> list[np.ndarray]:
+            return provided_together([(first.kind, inputs[:split], first.attrs),
+                                      (second.kind, inputs[split:], second.attrs)], ctx)
+        return together
 
     def _rounding_in_place(self, fn: KernelFn) -> KernelFn:
         """`fn` (a kind in fusion.ROUNDS_IN_PLACE) with its first output rounded to the half dtype, in place where

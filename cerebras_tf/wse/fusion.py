@@ -9,6 +9,8 @@ else sees the intermediate tensor, which is never stored.
 A `to_half` that is the only reader of the first output of a kernel in `ROUNDS_IN_PLACE` (`rounding_pairs`)
 rounds that output in place, right after the kernel, where it is still in cache: no second array, one pass
 fewer over memory (the executor checks each time that the output is a new float32 array of the kernel's own).
+Two adjacent independent dense kernels (`dense_groups`: a convolution's input and filter gradients) run in one
+call of a provider that takes kernels together (HostKernels.together: TensorFlow's executor runs them at once).
 The program (its kernels, the report, the placement) is unchanged: fusion is how the simulator's host
 computes it.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 from typing import Collection, Iterator, Mapping, Sequence
 
 from cerebras_tf import ir
+from cerebras_tf.wse.kernels import DENSE_KINDS
 from cerebras_tf.wse.kernels.fused import FUSED
 
 
@@ -67,3 +70,23 @@ def rounding_pairs(kernels: Sequence[ir.Kernel], readers: Mapping[int, Sequence[
     return {producer.id: tail for producer, tail in _sole_readers(kernels, readers, keep)
             if producer.kind in ROUNDS_IN_PLACE and tail.kind == "to_half" and tail.inputs == [producer.outputs[0]]
             and producer.id not in exclude and tail.id not in exclude}
+
+
+def dense_groups(kernels: Sequence[ir.Kernel], exclude: Collection[int] = ()) -> dict[int, ir.Kernel]:
+    """Kernel id -> the next kernel of the phase, run together with it in one provider call, among `kernels`
+    (one phase, in order): both dense (kernels.DENSE_KINDS), unguarded, writing no variable, not in `exclude`,
+    and the second reads no output of the first. Run at the second's place: nothing lies between them."""
+    groups: dict[int, ir.Kernel] = {}
+    previous: ir.Kernel | None = None
+    for kernel in kernels:
+        if _groupable(kernel, exclude) and previous is not None and not set(previous.outputs) & set(kernel.inputs):
+            groups[previous.id] = kernel
+            previous = None
+        else:
+            previous = kernel if _groupable(kernel, exclude) else None
+    return groups
+
+
+def _groupable(kernel: ir.Kernel, exclude: Collection[int]) -> bool:
+    return (kernel.kind in DENSE_KINDS and kernel.guard is None and kernel.check_guard is None and not kernel.vars
+            and kernel.id not in exclude)

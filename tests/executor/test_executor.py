@@ -208,6 +208,31 @@ def test_fused_relus_give_the_results_of_the_kernels_one_at_a_time(tmp_path, mon
         np.testing.assert_array_equal(value, runs[1][1][name], err_msg=name)
 
 
+@pytest.mark.parametrize("half_dtype", ["float32", "float16"])
+def test_dense_kernels_run_together_give_the_results_of_one_by_one(tmp_path, half_dtype):
+    """With TensorFlow's kernels, the zoo CNN's input and filter gradients of each convolution and its dense
+    layer's two gradients each run in one provider call (fusion.dense_groups); the losses and weights after a
+    few steps are those of the kernels called one by one, bit for bit."""
+    import dataclasses
+
+    from examples.zoo import cnn
+    params = {"batch_size": 8, "image_size": 12, "filters": [4, 8, 8], "num_examples": 64}
+    model, program, start = _compiled(tmp_path, casts=True, model_fn=cnn.model_fn, input_fn=cnn.input_fn,
+                                      params=params)
+    batches = [b for b, _ in zip(cnn.input_fn(params).as_numpy_iterator(), range(3))]
+    runs = []
+    for provider in (TENSORFLOW_HOST_KERNELS, dataclasses.replace(TENSORFLOW_HOST_KERNELS, together=None)):
+        executor = Executor(program, start, half_dtype=half_dtype, host_kernels=provider)
+        grouped = sorted((p.kernel.kind, p.beside.kind) for plan in executor._plans for p in plan if p.beside)
+        assert grouped == ([("conv2d_backprop_input", "conv2d_backprop_filter")] * 2 + [("matmul", "matmul")]
+                           if provider.together else [])
+        losses = [executor.step(features, labels).loss for features, labels in batches]
+        runs.append((losses, executor.variables()))
+    assert runs[0][0] == runs[1][0]
+    for name, value in runs[0][1].items():
+        np.testing.assert_array_equal(value, runs[1][1][name], err_msg=name)
+
+
 def test_a_rounding_in_place_never_writes_into_an_input(monkeypatch):
     """Should a kind that rounds in place hand out its input (a transpose by the identity permutation does,
     which is why it is not such a kind), the to_half after it rounds into a new array and the batch's array

@@ -61,3 +61,22 @@ def test_a_half_rounding_that_alone_reads_a_new_array_rounds_it_in_place():
     assert pairs([_kernel(0, "matmul", [1, 2], [3]), _kernel(1, "to_half", [3], [4])], keep={3}) == {}
     assert pairs([_kernel(0, "matmul", [1, 2], [3]), _kernel(1, "to_half", [3], [4], guard=9)]) == {}
     assert pairs([_kernel(0, "matmul", [1, 2], [3]), _kernel(1, "to_half", [3], [4])], exclude={1}) == {}
+
+
+def test_adjacent_independent_dense_kernels_are_grouped_for_one_provider_call():
+    from cerebras_tf.wse.fusion import dense_groups
+
+    def groups(kernels: list[ir.Kernel], exclude=()) -> dict[int, int]:
+        return {first: second.id for first, second in dense_groups(kernels, exclude).items()}
+    input_and_filter_grads = [_kernel(0, "conv2d_backprop_input", [1, 2], [3]),
+                              _kernel(1, "conv2d_backprop_filter", [4, 2], [5])]
+    assert groups(input_and_filter_grads) == {0: 1}
+    assert groups(input_and_filter_grads, exclude={1}) == {}
+    three = [*input_and_filter_grads, _kernel(2, "matmul", [6, 7], [8])]
+    assert groups(three) == {0: 1}  # pairs only, in order
+    dependent = [_kernel(0, "matmul", [1, 2], [3]), _kernel(1, "matmul", [3, 2], [4])]
+    assert groups(dependent) == {}
+    apart = [_kernel(0, "matmul", [1, 2], [3]), _kernel(1, "neg", [1], [4]), _kernel(2, "matmul", [1, 2], [5])]
+    assert groups(apart) == {}  # the kernel between might read the first's output
+    assert groups([_kernel(0, "matmul", [1, 2], [3]), _kernel(1, "matmul", [1, 2], [4], guard=9)]) == {}
+    assert groups([_kernel(0, "relu", [1], [3]), _kernel(1, "matmul", [1, 2], [4])]) == {}

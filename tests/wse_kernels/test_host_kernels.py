@@ -160,3 +160,43 @@ def test_the_system_provider_is_auto_unless_the_environment_names_another(monkey
     monkeypatch.setenv(host_kernels_tf.ENV_VAR, "mkl")
     with pytest.raises(ValueError, match="CEREBRAS_TF_HOST_KERNELS='mkl': expected one of auto, numpy, tensorflow"):
         host_kernels_tf.system_host_kernels(mlp)
+
+
+def test_tensorflow_runs_kernels_together_with_the_bits_of_one_by_one(rng):
+    """A convolution's input and filter gradients (and a dense layer's two) in one TF graph: TF's executor
+    may run them at once, each result is the one its own call gives; with an operand TF refuses (integers),
+    every kernel runs one by one."""
+    x = rng.standard_normal((4, 9, 9, 5)).astype(np.float32)
+    f = rng.standard_normal((3, 3, 5, 6)).astype(np.float32)
+    dy = rng.standard_normal((4, 9, 9, 6)).astype(np.float32)
+    attrs = _attrs([1, 1], "SAME", [1, 1], None)
+    members = [("conv2d_backprop_input", [f, dy], {**attrs, "input_sizes": [4, 9, 9, 5]}),
+               ("conv2d_backprop_filter", [x, dy], {**attrs, "filter_sizes": [3, 3, 5, 6]}),
+               ("matmul", [dy.reshape(-1, 6), f.reshape(-1, 6)], {"transpose_b": True})]
+    together = TF_KERNELS.together(members)
+    assert len(together) == 3
+    for (field, inputs, member_attrs), result in zip(members, together):
+        np.testing.assert_array_equal(result, getattr(TF_KERNELS, field)(inputs, member_attrs), err_msg=field)
+    a = rng.integers(-9, 9, size=(6, 5)).astype(np.int32)
+    mixed = TF_KERNELS.together([("matmul", [a, a.T], {}), members[0]])
+    np.testing.assert_array_equal(mixed[0], a @ a.T)
+    np.testing.assert_array_equal(mixed[1], together[0])
+
+
+def test_kernels_together_keep_each_kinds_dtype_contract(rng):
+    """float16 operands multiply in float32 and each result comes back in its data operand's dtype, as the
+    kernels one by one give it; a provider without `together` is refused by name."""
+    from cerebras_tf.wse.kernels import KERNELS, KernelContext
+    from cerebras_tf.wse.kernels.linalg import provided_together
+
+    a = rng.standard_normal((8, 5)).astype(np.float16)
+    b = rng.standard_normal((5, 3)).astype(np.float16)
+    members = [("matmul", [a, b], {}), ("matmul", [a.T.copy(), a], {})]
+    ctx = KernelContext(host_kernels=TF_KERNELS)
+    results = provided_together(members, ctx)
+    for (kind, inputs, attrs), result in zip(members, results):
+        alone = KERNELS[kind](inputs, attrs, ctx)[0]
+        assert result.dtype == alone.dtype == np.float16
+        np.testing.assert_array_equal(result, alone)
+    with pytest.raises(ValueError, match="'numpy' take no kernels together"):
+        provided_together(members, KernelContext(host_kernels=NP_KERNELS))

@@ -23,14 +23,18 @@ import numpy as np
 from cerebras_tf.wse.kernels import host_numpy
 
 DenseKernel = Callable[[Sequence[np.ndarray], Mapping[str, Any]], np.ndarray]
+# Several dense kernels, (kind, operands, attrs) each, in one call of the library; a result each.
+DenseKernels = Callable[[Sequence[tuple[str, Sequence[np.ndarray], Mapping[str, Any]]]], list[np.ndarray]]
 
 
 @dataclasses.dataclass(frozen=True)
 class HostKernels:
     """One provider of the dense kernels; `name` is what the log and the benchmarks show. Its callables may run
-    on several threads at once (the executor runs independent kernels side by side). `spinning_pool`: its
-    library's own threads keep spinning on the cores after each call (TensorFlow's), so the executor keeps its
-    compiled loops off numba's threads (threads.one_loop_thread)."""
+    on several threads at once (the executor runs independent kernels side by side). `together`, where the
+    library can take several independent kernels in one call and run them at once (TensorFlow's executor
+    does): the executor hands it adjacent independent dense kernels (fusion.dense_groups); None: one by one.
+    `spinning_pool`: its library's own threads keep spinning on the cores after each call (TensorFlow's), so the
+    executor keeps its compiled loops off numba's threads (threads.one_loop_thread)."""
 
     name: str
     matmul: DenseKernel
@@ -41,11 +45,12 @@ class HostKernels:
     depthwise_conv2d: DenseKernel
     depthwise_conv2d_backprop_input: DenseKernel
     depthwise_conv2d_backprop_filter: DenseKernel
+    together: DenseKernels | None = None
     spinning_pool: bool = False
 
 
 # The kernel kinds a provider computes: its DenseKernel fields.
-DENSE_KINDS = frozenset(f.name for f in dataclasses.fields(HostKernels)) - {"name", "spinning_pool"}
+DENSE_KINDS = frozenset(f.name for f in dataclasses.fields(HostKernels)) - {"name", "together", "spinning_pool"}
 
 
 NUMPY_HOST_KERNELS = HostKernels(

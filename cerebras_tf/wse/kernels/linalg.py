@@ -10,7 +10,7 @@ numerics. einsum stays on numpy (no provider runs it).
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -37,11 +37,22 @@ def _provided(kind: str, result_like: int) -> None:
     register(kind)(kernel)
 
 
-# (kind, the operand whose dtype the result takes: the data operand, never input_sizes-like attrs)
-for _kind, _like in (("matmul", 0), ("batch_matmul", 0), ("conv2d", 0), ("conv2d_backprop_input", 1),
-                     ("conv2d_backprop_filter", 0), ("depthwise_conv2d", 0), ("depthwise_conv2d_backprop_input", 1),
-                     ("depthwise_conv2d_backprop_filter", 0)):
+# kind -> the operand whose dtype the result takes: the data operand, never input_sizes-like attrs
+_RESULT_LIKE = {"matmul": 0, "batch_matmul": 0, "conv2d": 0, "conv2d_backprop_input": 1, "conv2d_backprop_filter": 0,
+                "depthwise_conv2d": 0, "depthwise_conv2d_backprop_input": 1, "depthwise_conv2d_backprop_filter": 0}
+for _kind, _like in _RESULT_LIKE.items():
     _provided(_kind, _like)
+
+
+def provided_together(members: Sequence[tuple[str, Sequence[np.ndarray], Mapping[str, Any]]],
+                      ctx: KernelContext) -> list[np.ndarray]:
+    """Several provider kernels, (kind, inputs, attrs) each, in one call of the provider's `together` (which may
+    run them at once), each with its kind's dtype contract; one result each, as the kernels one by one give."""
+    together = ctx.host_kernels.together
+    if together is None:
+        raise ValueError(f"the host kernels {ctx.host_kernels.name!r} take no kernels together")
+    results = together([(kind, [_f32(x) for x in inputs], attrs) for kind, inputs, attrs in members])
+    return [_back(out, inputs[_RESULT_LIKE[kind]]) for out, (kind, inputs, _) in zip(results, members)]
 
 
 @register("einsum")
