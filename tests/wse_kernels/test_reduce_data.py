@@ -175,6 +175,7 @@ def test_range(start, limit, delta):
 
 
 def test_argmax_skips_nan():
-    x = np.array([[np.nan, 1, 3], [2, 2, -1]], F)
-    check(run("argmax", [x], {"axis": 1, "output_type": "int64"})[0], R.ArgMax(input=x, dimension=1))
-    check(run("argmin", [x], {"axis": 1, "output_type": "int64"})[0], R.ArgMin(input=x, dimension=1))
+    x = np.array([[np.nan, 1, 3], [2, 2, -1], [4, np.nan, 0]], F)
+    for axis in (0, 1):
+        check(run("argmax", [x], {"axis": axis, "output_type": "int64"})[0], R.ArgMax(input=x, dimension=axis))
+        check(run("argmin", [x], {"axis": axis, "output_type": "int64"})[0], R.ArgMin(input=x, dimension=axis))

@@ -49,12 +49,16 @@ register("any")(_make(lambda x, a: np.any(x, axis=a)))
 
 
 def _arg(fn: Callable[..., np.ndarray], nan_as: float) -> KernelFn:
+    """np.argmax/argmin as TF's: a NaN is never picked. numpy picks a line's first NaN, so only when a picked
+    value is NaN are the NaNs replaced by `nan_as` and the lines searched again (a NaN check of the whole input
+    first took longer than the search: 0.26 vs 0.18 ms at 160x8000)."""
     def kernel(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
         x = inputs[0]
-        if x.dtype.kind == "f" and np.isnan(x).any():  # TF's comparisons never pick a NaN
-            x = np.where(np.isnan(x), x.dtype.type(nan_as), x)
         axis = int(np.asarray(attrs.get("axis", 0)).reshape(-1)[0])
-        return [fn(x, axis=axis).astype(np_dtype(attrs.get("output_type", "int64")))]
+        index = fn(x, axis=axis)
+        if x.dtype.kind == "f" and x.size and np.isnan(np.take_along_axis(x, np.expand_dims(index, axis), axis)).any():
+            index = fn(np.where(np.isnan(x), x.dtype.type(nan_as), x), axis=axis)
+        return [index.astype(np_dtype(attrs.get("output_type", "int64")))]
     return kernel
 
 
