@@ -10,8 +10,10 @@ numpy's SIMD versions differ from libm's in the last bit.
 
 A chain's members all have one output shape; each of its external inputs has that shape (or its size),
 is a scalar, a row [cols] or a column [rows, 1] of the output's 2-D view (cols = last dim). It runs where
-its last member is; a kernel outside it that reads a member's output must come later. Its outputs are the
-member outputs read outside it or kept; the other intermediates are never stored.
+its last member is; a kernel outside it that reads a member's output must come later. Where such a kernel
+lies between the chain and a member that would join it (an add_n's output read by a bias_add_grad before
+the `to_half` of it), the joining member runs earlier, at the chain's place, if everything it reads exists
+there. Its outputs are the member outputs read outside it or kept; the other intermediates are never stored.
 
 The loop's source is generated from the chain's structure, compiled by numba (nopython, nogil, no
 fast-math) once per structure per process, and written to a per-user cache dir
@@ -109,11 +111,12 @@ def use_chains(on: bool) -> Iterator[None]:
 class Chain:
     """Kernels run as one loop: `fn(inputs, attrs, ctx)` takes the tensors `inputs` and returns `outputs`."""
 
-    kernels: list[ir.Kernel]  # members, in program order; the chain runs where the last one is
+    kernels: list[ir.Kernel]  # members, in program order
     inputs: list[int]  # external input tensor ids, in fn's order
     outputs: list[int]  # member outputs read outside the chain or kept, in fn's order
     fn: KernelFn
     source: str  # the generated loop (its structure: also the compile cache's key)
+    place: ir.Kernel  # the member the chain runs where: the last, or the one before members that run earlier
 
 
 @dataclasses.dataclass
@@ -185,10 +188,11 @@ def _member(kernel: ir.Kernel, tensors: Sequence[ir.Tensor], constants: Mapping[
 class _Open:
     """A chain being grown."""
 
-    def __init__(self, op: _Op, shape: list[int]) -> None:
+    def __init__(self, op: _Op, shape: list[int], at: int) -> None:
         self.ops = [op]
         self.shape = shape
         self.members = {op.kernel.id}
+        self.at = at  # the position the chain runs at
 
     def produced(self) -> set[int]:
         return {o.kernel.outputs[0] for o in self.ops}
@@ -208,6 +212,7 @@ def fuse_chains(kernels: Sequence[ir.Kernel], readers: Mapping[int, Sequence[int
     constants = constants or {}
     position = {k.id: i for i, k in enumerate(kernels)}
     writes = [i for i, k in enumerate(kernels) if k.vars and k.kind not in ir.READS_VARIABLES]
+    made_at = {t: i for i, k in enumerate(kernels) for t in k.outputs}
     producer: dict[int, _Open] = {}  # member output -> its open chain
     chains: list[_Open] = []
 
@@ -228,6 +233,21 @@ def fuse_chains(kernels: Sequence[ir.Kernel], readers: Mapping[int, Sequence[int
                     return True
         return False
 
+    def run_earlier(op: _Op, join: list[_Open], members: set[int], at: int) -> int | None:
+        """The earlier position the chains of `join` and `op` (at `at`) may run at together: the latest of the
+        chains' own, if nothing outside reads their outputs before it, and everything op reads exists there
+        and is not a variable's array written between there and `at`; else None."""
+        place = max(c.at for c in join)
+        if any(outside_before(c, members, place) or moved_past_write(c.ops, place) for c in join):
+            return None
+        produced = set().union(*(c.produced() for c in join))
+        for t in op.operands:
+            if t not in produced and made_at.get(t, -1) >= place:
+                return None
+            if t in volatile and bisect.bisect_right(writes, place) < bisect.bisect_left(writes, at):
+                return None
+        return place
+
     for kernel in kernels:
         if kernel.id in exclude:
             continue
@@ -239,13 +259,18 @@ def fuse_chains(kernels: Sequence[ir.Kernel], readers: Mapping[int, Sequence[int
             continue
         at = position[kernel.id]
         join = list(dict.fromkeys(producer[t] for t in op.operands if t in producer and producer[t].shape == shape))
+        run_at = at
         while join:  # drop the chains that cannot wait until `at` (read in between by a kernel outside them)
             members = set().union(*(c.members for c in join)) | {kernel.id}
             blocked = [c for c in join if outside_before(c, members, at) or moved_past_write(c.ops, at)]
             if not blocked:
                 break
+            earlier = run_earlier(op, join, members, at)
+            if earlier is not None:  # the kernel comes to them
+                run_at = earlier
+                break
             join = [c for c in join if c not in blocked]
-        grown = _Open(op, shape)
+        grown = _Open(op, shape, run_at)
         if join:
             grown.ops = sorted([o for c in join for o in c.ops] + [op], key=lambda o: position[o.kernel.id])
             grown.members = {o.kernel.id for o in grown.ops}
@@ -257,10 +282,10 @@ def fuse_chains(kernels: Sequence[ir.Kernel], readers: Mapping[int, Sequence[int
     for c in chains:
         if len(c.ops) < 2 and c.ops[0].op not in SINGLE_KINDS:
             continue
-        chain = _build(c.ops, c.shape, c.members, readers, keep, tensors, half_dtype)
+        chain = _build(c.ops, c.shape, c.members, readers, keep, tensors, half_dtype, kernels[c.at])
         if chain is not None:
             result.append(chain)
-    return sorted(result, key=lambda ch: position[ch.kernels[-1].id])
+    return sorted(result, key=lambda ch: position[ch.place.id])
 
 
 def defer_to_update(phases: tuple[list[ir.Kernel], list[ir.Kernel], list[ir.Kernel]], tensors: Sequence[ir.Tensor],
@@ -293,7 +318,7 @@ def defer_to_update(phases: tuple[list[ir.Kernel], list[ir.Kernel], list[ir.Kern
 
 
 def _build(ops: list[_Op], shape: list[int], members: set[int], readers: Mapping[int, Sequence[int]],
-           keep: Collection[int], tensors: Sequence[ir.Tensor], half_dtype: str) -> Chain | None:
+           keep: Collection[int], tensors: Sequence[ir.Tensor], half_dtype: str, place: ir.Kernel) -> Chain | None:
     produced = {o.kernel.outputs[0] for o in ops}
     inputs = list(dict.fromkeys(t for o in ops for t in o.operands if t not in produced))
     outputs = [o.kernel.outputs[0] for o in ops
@@ -306,7 +331,7 @@ def _build(ops: list[_Op], shape: list[int], members: set[int], readers: Mapping
     out_dtypes = [np.dtype(np.bool_) if tensors[t].dtype == "bool" else np.dtype(np.float32) for t in outputs]
     in_dtypes = [np.dtype(np.bool_) if tensors[t].dtype == "bool" else np.dtype(np.float32) for t in inputs]
     fn = _runner(*_compiled(source), shape, kinds, in_dtypes, out_dtypes, flat)
-    return Chain([o.kernel for o in ops], inputs, outputs, fn, source)
+    return Chain([o.kernel for o in ops], inputs, outputs, fn, source, place)
 
 
 # ---- code generation --------------------------------------------------------------------------------------

@@ -83,8 +83,8 @@ class _Planned:
     """One kernel (or a fused pair: the kernel and its `tail`; or two dense kernels in one provider call: the
     kernel and the one `beside` it; or a chain), resolved once for every step.
 
-    For a chain (wse/chains.py), `kernel` is a stand-in of kind "chain" (its last member's id, the chain's
-    inputs and outputs, no guard) and `chain` the chain itself; it runs where its last member is."""
+    For a chain (wse/chains.py), `kernel` is a stand-in of kind "chain" (the id of the member it runs where:
+    chain.place; the chain's inputs and outputs, no guard) and `chain` the chain itself."""
 
     kernel: ir.Kernel
     fn: Callable[[list[np.ndarray], Mapping, KernelContext], list[np.ndarray]]
@@ -369,7 +369,7 @@ class Executor:
         for kernel in kernels:
             chain = chain_of.get(kernel.id)
             if (kernel.id in tails or kernel.id in absorbed or kernel.id in groups
-                    or (chain is not None and chain.kernels[-1] is not kernel)):
+                    or (chain is not None and chain.place is not kernel)):
                 continue
             beside = None
             if kernel.id in first_of:  # run at the second's place, the first kernel's outputs first
@@ -416,7 +416,7 @@ class Executor:
         variable; and every chain input that may be the variable's array (a shared read) has its full shape
         and is the array itself (a read_variable's output), read element by element before that element is
         written. Else {}. `kernels`: the phase, `position`: kernel id -> its index there."""
-        at = position[chain.kernels[-1].id]
+        at = position[chain.place.id]
         assigns: dict[int, ir.Kernel] = {}
         members = {k.id for k in chain.kernels}
         for t in chain.outputs:
