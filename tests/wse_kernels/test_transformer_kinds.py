@@ -78,7 +78,8 @@ def _logit_rows(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kind", ["softmax", "log_softmax"])
-@pytest.mark.parametrize("shape", [(8, 4, 16, 128), (20, 8000), (6, 1), (5, 7), (9, 129), (4, 8193), (0, 5)])
+@pytest.mark.parametrize("shape", [(8, 4, 16, 128), (20, 8000), (600, 1000), (6, 1), (5, 7), (9, 129), (4, 8193),
+                                   (0, 5)])  # (600, 1000): rows split across two threads, two blocks each
 def test_softmax_loops_are_the_numpy_code_bit_for_bit(kind, shape, rng):
     x = _logit_rows(rng, shape)
     with np.errstate(all="ignore"):

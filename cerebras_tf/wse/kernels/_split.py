@@ -12,13 +12,14 @@ from typing import Callable
 from cerebras_tf.wse import threads
 
 
-def split_units(units: int, unit_elements: int, work: Callable[[int, int], None]) -> None:
+def split_units(units: int, unit_elements: int, work: Callable[[int, int], None],
+                min_per_thread: int = threads.MIN_ELEMENTS_PER_THREAD) -> None:
     """Call `work(lo, hi)` over disjoint ranges covering range(units), in parallel when
-    units * unit_elements (the elements the work touches) is big."""
+    units * unit_elements (the elements the work touches) is at least `min_per_thread` per thread."""
     size = max(unit_elements, 1)
 
     def run(lo: int, hi: int) -> None:
         a, b = (lo + size // 2) // size, (hi + size // 2) // size
         if a < b:
             work(a, b)
-    threads.split_range(units * size, run)
+    threads.split_range(units * size, run, min_per_thread)
