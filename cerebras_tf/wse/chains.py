@@ -4,7 +4,8 @@
 exactly rounded both in numpy and in a numba loop (add, sub, mul, div, neg, abs, square, sqrt,
 reciprocal, rsqrt as 1/sqrt, maximum, minimum, squared_difference, select, comparisons, logical ops,
 relu, bias_add (channels last), add_n, pow by a constant 0.5/2/3/-1 (as elementwise._pow rewrites it),
-the gradients of tanh, sigmoid, rsqrt, sqrt, reciprocal and relu, and the executor's `to_half` rounding),
+the gradients of tanh, sigmoid, rsqrt, sqrt, reciprocal and relu, the executor's `to_half` rounding, and a
+tile along size-1 axes only, which is a broadcast: the loop reads its input as a column, row or scalar),
 so one pass over memory gives the same bits as the kernels one by one. Not exp/log/tanh/erf and the like:
 numpy's SIMD versions differ from libm's in the last bit.
 
@@ -84,7 +85,7 @@ _GRAD = {"tanh_grad": ["{o}q = {0} * {0}", "{o}d = np.float32(1.0) - {o}q", "{o}
          "reciprocal_grad": ["{o} = ((-{0}) * {0}) * {1}"],
          "relu_grad": ["{o} = {0} if {1} > np.float32(0.0) else np.float32(0.0)"]}  # the numba loop's
 KINDS = frozenset({*_BINARY, *_UNARY, *_COMPARE, *_LOGICAL, *_GRAD, "rsqrt", "squared_difference", "select",
-                   "add_n", "pow", "to_half"})
+                   "add_n", "pow", "to_half", "tile"})
 # Kinds whose kernel takes several passes over memory (numpy temporaries): a loop of their own even alone (a
 # layer norm's squared_difference against its row means: 0.21 -> 0.03 ms at 1024x256)
 SINGLE_KINDS = frozenset({"squared_difference", "rsqrt", "cube", "tanh_grad", "sigmoid_grad", "rsqrt_grad",
@@ -169,6 +170,10 @@ def _member(kernel: ir.Kernel, tensors: Sequence[ir.Tensor], constants: Mapping[
         ok = ok and tensors[kernel.inputs[0]].shape == tensors[kernel.inputs[1]].shape == out.shape
     if kind == "bias_add":
         ok = ok and not (str(kernel.attrs.get("data_format", "NHWC")).startswith("NC") and len(out.shape) >= 3)
+    if kind == "tile":  # repeating only size-1 axes: a broadcast (the mean's gradient: [rows, 1] to [rows, cols])
+        multiples = [int(m) for m in np.asarray(kernel.attrs.get("multiples", []), np.int64).reshape(-1)]
+        shape = tensors[kernel.inputs[0]].shape
+        ok = ok and len(multiples) == len(shape) and all(m == 1 or d == 1 for m, d in zip(multiples, shape))
     if not ok:
         return None
     if kind == "pow":  # only the rewritten forms: a constant scalar exponent of 0.5, 2, 3 or -1
@@ -177,7 +182,7 @@ def _member(kernel: ir.Kernel, tensors: Sequence[ir.Tensor], constants: Mapping[
             return None
         op = _POW.get(float(exponent.reshape(-1)[0]))
         return None if op is None else _Op(kernel, op, [kernel.inputs[0]])
-    arity = {"to_half": 1, "rsqrt": 1, "squared_difference": 2, "select": 3}.get(kind)
+    arity = {"to_half": 1, "tile": 1, "rsqrt": 1, "squared_difference": 2, "select": 3}.get(kind)
     if arity is None:
         arity = 1 if kind in _UNARY or kind == "logical_not" else 2
     if kind != "add_n" and len(kernel.inputs) != arity:
@@ -379,6 +384,8 @@ def _op_lines(op: _Op, args: list[str], out: str, half_dtype: str) -> list[str]:
         return lines + [f"{out} = {out} + {a}" for a in args[1:]]
     if kind == "to_half":
         return _to_half_lines(args[0], out, half_dtype)
+    if kind == "tile":  # its input is read broadcast (a column, row or scalar of the chain's shape)
+        return [f"{out} = {args[0]}"]
     if kind in _GRAD:
         return [line.format(*args, o=out) for line in _GRAD[kind]]
     raise AssertionError(kind)

@@ -233,6 +233,29 @@ def test_scalar_chains_and_the_layer_norm_broadcasts():
     _check_one_chain(b, keep={scale, b.kernel("add", [scaled, centred])})
 
 
+def test_a_tile_of_size_one_axes_is_read_broadcast_and_never_stored():
+    """A mean's gradient: tile([rows, 1] to [rows, cols]) / n. The chain reads the column; the tiled array is
+    never made. A tile that repeats an axis longer than 1 is not a member."""
+    b = _Builder()
+    column = b.tensor((6, 1), value=np.arange(6) / 7)
+    scalar = b.tensor((1,), value=[3.0])
+    tiled = b.kernel("tile", [column], shape=(6, 5), attrs={"multiples": [1, 5]})
+    out = b.kernel("div", [tiled, b.tensor((), value=5.0)])
+    total = b.kernel("mul", [b.kernel("tile", [scalar], shape=(4,), attrs={"multiples": [4]}),
+                             b.tensor((4,), value=np.arange(4))])
+    found = b.chains(keep={out, total})
+    assert [[k.kind for k in c.kernels] for c in found] == [["tile", "div"], ["tile", "mul"]]
+    assert found[0].inputs[0] == column and found[0].outputs == [out]
+    reference = b.reference("float32")
+    for chain in found:
+        for tid, value in _run(chain, b.values).items():
+            assert _same_bits(value, reference[tid])
+    repeats = _Builder()
+    rows = repeats.tensor((2, 3), value=np.arange(6))
+    repeated = repeats.kernel("tile", [rows], shape=(4, 3), attrs={"multiples": [2, 1]})
+    assert repeats.chains(keep={repeats.kernel("neg", [repeated])}) == []
+
+
 def test_a_member_output_read_later_outside_the_chain_is_exported_and_others_are_not():
     b = _Builder()
     x, y = b.tensor((5, 3), value=np.arange(15)), b.tensor((5, 3), value=np.ones(15))
