@@ -103,7 +103,9 @@ def _our_profile(prepared: bench_models.Prepared, provider: str, steps: int) -> 
     intervals: list[tuple[float, float]] = []
     for plan in executor._plans:
         for planned in plan:
-            def timed(inputs, attrs, ctx, fn=planned.fn, kind=planned.kernel.kind):
+            kind = "+".join(k.kind for k in (planned.kernel, planned.beside) if k is not None)  # a dense group
+
+            def timed(inputs, attrs, ctx, fn=planned.fn, kind=kind):
                 t0 = time.perf_counter()
                 try:
                     return fn(inputs, attrs, ctx)
@@ -200,31 +202,32 @@ def _table(ours: dict[str, dict[str, Any]], theirs: dict[str, Any]) -> list[str]
         return f"{'—':>{width}} {'':>5}" if value is None else f"{value:>{width}.2f} {n:>5.0f}"
 
     first = numerics[0]
+    w = max(30, *(len(key) + 1 for key in rows))  # a dense group's kinds are joined by '+'
     order = sorted(rows, key=lambda k: (-(rows[k][first][0] if first in rows[k] else -1.0),
                                         -(rows[k]["tf_ms"] or 0.0), k))
-    lines = [f"{'kind / TF op':<30}" + "".join(f" {'ours ' + x + ' ms':>17} {'n':>5}" for x in numerics)
+    lines = [f"{'kind / TF op':<{w}}" + "".join(f" {'ours ' + x + ' ms':>17} {'n':>5}" for x in numerics)
              + f" {'TF ms':>9} {'n':>5}  TF ops"]
     for key in order:
         row = rows[key]
         ours_cells = "".join(" " + cell(row[x][0] if x in row else None, row[x][1] if x in row else 0, 17)
                              for x in numerics)
         tf_ops = ", ".join(op for op in sorted(row["tf_ops"]) if op != key)
-        lines.append(f"{key:<30}{ours_cells} {cell(row['tf_ms'], row['tf_n'])}  {tf_ops}")
-    lines.append(f"{'sum of kernels / ops':<30}"
+        lines.append(f"{key:<{w}}{ours_cells} {cell(row['tf_ms'], row['tf_n'])}  {tf_ops}")
+    lines.append(f"{'sum of kernels / ops':<{w}}"
                  + "".join(f" {sum(ours[x]['ms'].values()):>17.2f} {sum(ours[x]['n'].values()):>5.0f}"
                            for x in numerics)
                  + f" {sum(theirs['ms'].values()):>9.2f} {sum(theirs['n'].values()):>5.0f}")
     for label, key in (("any kernel running", "running"), ("2+ at once", "together")):
-        lines.append(f"{label:<30}" + "".join(f" {ours[x][key]:>17.2f} {'':>5}" for x in numerics)
+        lines.append(f"{label:<{w}}" + "".join(f" {ours[x][key]:>17.2f} {'':>5}" for x in numerics)
                      + f" {theirs[key]:>9.2f}")
-    lines.append(f"{'outside kernels (profiled)':<30}"
+    lines.append(f"{'outside kernels (profiled)':<{w}}"
                  + "".join(f" {ours[x]['profiled_wall'] - ours[x]['running']:>17.2f} {'':>5}"
                            for x in numerics) + f" {'—':>9}")
-    lines.append(f"{'threads (measured choice)':<30}" + "".join(f" {str(ours[x]['threads']):>17} {'':>5}"
+    lines.append(f"{'threads (measured choice)':<{w}}" + "".join(f" {str(ours[x]['threads']):>17} {'':>5}"
                                                                 for x in numerics) + f" {'—':>9}")
-    lines.append(f"{'wall, profiled':<30}" + "".join(f" {ours[x]['profiled_wall']:>17.2f} {'':>5}" for x in numerics)
+    lines.append(f"{'wall, profiled':<{w}}" + "".join(f" {ours[x]['profiled_wall']:>17.2f} {'':>5}" for x in numerics)
                  + f" {theirs['profiled_wall']:>9.2f}")
-    lines.append(f"{'wall, unprofiled':<30}" + "".join(f" {ours[x]['wall']:>17.2f} {'':>5}" for x in numerics)
+    lines.append(f"{'wall, unprofiled':<{w}}" + "".join(f" {ours[x]['wall']:>17.2f} {'':>5}" for x in numerics)
                  + f" {theirs['wall']:>9.2f}")
     return lines
 
