@@ -10,7 +10,8 @@ so one pass over memory gives the same bits as the kernels one by one. Not exp/l
 numpy's SIMD versions differ from libm's in the last bit.
 
 A chain's members all have one output shape; each of its external inputs has that shape (or its size),
-is a scalar, a row [cols] or a column [rows, 1] of the output's 2-D view (cols = last dim). It runs where
+is a scalar, a row [cols] or a column [rows, 1] of the output's 2-D view (cols = last dim), or rows that
+each serve a group of consecutive output rows (an attention mask [batch, 1, 1, keys]). It runs where
 its last member is; a kernel outside it that reads a member's output must come later. Where such a kernel
 lies between the chain and a member that would join it (an add_n's output read by a bias_add_grad before
 the `to_half` of it), the joining member runs earlier, at the chain's place, if everything it reads exists
@@ -129,7 +130,9 @@ class _Op:
 
 def _broadcast(shape: Sequence[int], out: Sequence[int]) -> str | None:
     """How an input of `shape` is read for an output of shape `out`: "f" (full: the same elements), "s"
-    (scalar), "r" (a row along the last dim), "c" (a column: one value per row); None for anything else."""
+    (scalar), "r" (a row along the last dim), "c" (a column: one value per row), "g" (rows, each for a group of
+    consecutive output rows: the leading dims of `out`, then ones, then the last dim, as an attention mask
+    [batch, 1, 1, keys] for scores [batch, heads, queries, keys]); None for anything else."""
     if len(shape) > len(out):
         return None
     padded = [1] * (len(out) - len(shape)) + list(shape)
@@ -144,6 +147,10 @@ def _broadcast(shape: Sequence[int], out: Sequence[int]) -> str | None:
         return "r"
     if padded[-1] == 1 and padded[:-1] == list(out[:-1]):
         return "c"
+    if padded[-1] == out[-1]:
+        lead = next(i for i, p in enumerate(padded) if p != out[i])
+        if all(p == 1 for p in padded[lead:-1]):
+            return "g"
     return None
 
 
@@ -331,7 +338,7 @@ def _build(ops: list[_Op], shape: list[int], members: set[int], readers: Mapping
     if not outputs:
         return None
     kinds = [_broadcast(tensors[t].shape, shape) or "f" for t in inputs]
-    flat = not any(k in "rc" for k in kinds)
+    flat = not any(k in "rcg" for k in kinds)
     source = _source(ops, inputs, kinds, outputs, flat, half_dtype)
     out_dtypes = [np.dtype(np.bool_) if tensors[t].dtype == "bool" else np.dtype(np.float32) for t in outputs]
     in_dtypes = [np.dtype(np.bool_) if tensors[t].dtype == "bool" else np.dtype(np.float32) for t in inputs]
@@ -406,11 +413,15 @@ def _source(ops: list[_Op], inputs: list[int], kinds: list[str], outputs: list[i
         header = [f"    for e in {bounds}:"]
         indent = "        "
     else:
-        header = ["    cols = o0.shape[1]", f"    for r in {bounds}:"]
+        header = ["    cols = o0.shape[1]"]
+        header += [f"    {local[t]}g = o0.shape[0] // {name[t]}.shape[0]" for t, k in zip(inputs, kinds) if k == "g"]
+        header += [f"    for r in {bounds}:"]
         header += [f"        {local[t]} = {name[t]}[r]" for t, k in zip(inputs, kinds) if k == "c"]
+        header += [f"        {local[t]}r = {name[t]}[r // {local[t]}g]" for t, k in zip(inputs, kinds) if k == "g"]
         header += ["        for c in range(cols):"]
         indent = "            "
     body = [f"{indent}{local[t]} = {name[t]}[{at if k == 'f' else 'c'}]" for t, k in zip(inputs, kinds) if k in "fr"]
+    body += [f"{indent}{local[t]} = {local[t]}r[c]" for t, k in zip(inputs, kinds) if k == "g"]
     for i, op in enumerate(ops):
         out = f"t{i}"
         body += [indent + line for line in _op_lines(op, [local[t] for t in op.operands], out, half_dtype)]
@@ -612,7 +623,7 @@ def _runner(loop: Callable[..., None], parallel_loop: Callable[..., None], shape
         args = []
         for x, kind, dtype in zip(inputs, kinds, in_dtypes):
             x = np.ascontiguousarray(x, dtype=dtype)
-            args.append(x.reshape(rows, cols) if kind == "f" and not flat else x.reshape(-1))
+            args.append(x.reshape(-1, cols) if kind in "fg" and not flat else x.reshape(-1))
         into = attrs.get("into")  # per output: the index of the variable it is written into, or -1
         if into:
             outs = [ctx.variables[j] if j >= 0 else empty_aligned(shape, dtype) for j, dtype in zip(into, out_dtypes)]

@@ -104,7 +104,8 @@ def _pairs(shape_out, kind: str):
     size = math.prod(shape_out)
     x = rng.standard_normal(size).astype(np.float32)
     cols = shape_out[-1]
-    y_shape = {"f": shape_out, "s": (), "r": (cols,), "c": (*shape_out[:-1], 1)}[kind]
+    y_shape = {"f": shape_out, "s": (), "r": (cols,), "c": (*shape_out[:-1], 1),
+               "g": (shape_out[0], *[1] * (len(shape_out) - 2), cols)}[kind]  # a mask [batch, 1, .., keys]
     y = rng.standard_normal(math.prod(y_shape)).astype(np.float32)
     pairs = list(itertools.product(SPECIALS, SPECIALS))
     if kind == "f":
@@ -125,8 +126,8 @@ COMPARE = ["equal", "not_equal", "less", "less_equal", "greater", "greater_equal
 
 
 @pytest.mark.parametrize("kind", BINARY + COMPARE)
-@pytest.mark.parametrize("broadcast", ["f", "s", "r", "c"])
-@pytest.mark.parametrize("shape", [(23, 23), (3, 5, 40)])
+@pytest.mark.parametrize("broadcast,shape", [(b, s) for s in [(23, 23), (3, 5, 40), (2, 3, 4, 40)] for b in "fsrcg"
+                                             if b != "g" or len(s) > 2])  # g: rows grouped under leading dims
 def test_each_binary_op_and_broadcast_gives_the_bits_of_the_kernel(kind, broadcast, shape):
     x, y = _pairs(shape, broadcast)
     for a, c in ((x, y), (y, x)) if broadcast == "f" else ((x, y),):
