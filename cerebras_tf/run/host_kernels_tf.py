@@ -12,6 +12,8 @@ layer's filter gradient: 2.0 ms eager, 0.95 ms in the session), and a call
 costs less than an eager one, which the zoo CNN's step feels most (measured
 alternating in one process: 30.8 -> 28.2 ms with the callables, then 27.8
 -> 27.0 with its matmuls in sessions too, where they had been eager calls).
+Kernels the executor hands over together (`together`: a convolution's input
+and filter gradients) share one graph, whose executor runs them at once.
 It is only the arithmetic: the WSE kernels around it keep the numerics
 contract (float32 operands, already rounded to the half dtype; float32
 accumulation; the result cast back), so a run differs from the numpy provider
@@ -57,7 +59,7 @@ def _floats(inputs: Sequence[np.ndarray]) -> bool:
     return all(x.dtype == np.float32 for x in inputs)
 
 
-class _OneOpGraphs:
+class _CachedGraphs:
     """TF ops run as cached small graphs: `run(key, build, operands)` feeds the operands to placeholders of
     their shapes and returns the results of `build(*placeholders)` (a list of tensors), built once per key and
     shapes. Each has a graph and Session of its own, so one is built while another runs on a second thread (a
@@ -94,7 +96,7 @@ def _callable(session: Any, results: Sequence[Any], placeholders: Sequence[Any])
                 make(config_pb2.CallableOptions(feed=[p.name for p in placeholders], fetch=[r.name for r in results])))
 
 
-_graphs = _OneOpGraphs()
+_graphs = _CachedGraphs()
 
 
 def _freeze(attrs: Mapping[str, Any]) -> tuple:
