@@ -246,12 +246,17 @@ _CALLS: dict[str, _CallFor] = {
 }
 
 
+def _alone(field: str, call: _Call | None, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
+    """`call` (the TF call of provider field `field`) in a one-op graph, or where TF refuses it (None) the numpy
+    provider's `field`."""
+    return getattr(_numpy, field)(inputs, attrs) if call is None else _run_calls([call])[0]
+
+
 def _kernel(field: str) -> DenseKernel:
     """The provider function `field`: its TF call in a one-op graph, or the numpy provider's `field` for a call
     TF refuses."""
     def kernel(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
-        call = _CALLS[field](inputs, attrs)
-        return getattr(_numpy, field)(inputs, attrs) if call is None else _run_calls([call])[0]
+        return _alone(field, _CALLS[field](inputs, attrs), inputs, attrs)
     kernel.__name__ = kernel.__qualname__ = field
     return kernel
 
@@ -261,8 +266,8 @@ def together(calls: Sequence[tuple[str, Sequence[np.ndarray], Mapping[str, Any]]
     zoo CNN's input and filter gradients of a 3x3 convolution: 4.2 -> 3.7 ms together, the same bits); one by
     one where TF refuses any of them."""
     tf_calls = [_CALLS[field](inputs, attrs) for field, inputs, attrs in calls]
-    if any(call is None for call in tf_calls):
-        return [getattr(TENSORFLOW_HOST_KERNELS, field)(inputs, attrs) for field, inputs, attrs in calls]
+    if any(call is None for call in tf_calls):  # the calls already made, not made again
+        return [_alone(field, call, inputs, attrs) for call, (field, inputs, attrs) in zip(tf_calls, calls)]
     return _run_calls(cast(list[_Call], tf_calls))
 
 

@@ -79,11 +79,12 @@ def dense_groups(kernels: Sequence[ir.Kernel], exclude: Collection[int] = ()) ->
     groups: dict[int, ir.Kernel] = {}
     previous: ir.Kernel | None = None
     for kernel in kernels:
-        if _groupable(kernel, exclude) and previous is not None and not set(previous.outputs) & set(kernel.inputs):
+        groupable = _groupable(kernel, exclude)
+        if groupable and previous is not None and not set(previous.outputs) & set(kernel.inputs):
             groups[previous.id] = kernel
             previous = None
         else:
-            previous = kernel if _groupable(kernel, exclude) else None
+            previous = kernel if groupable else None
     return groups
 
 
