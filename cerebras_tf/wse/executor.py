@@ -51,7 +51,7 @@ from cerebras_tf.amp import FLOAT32_MODE, GradScaler, get_half_dtype
 from cerebras_tf import ir
 from cerebras_tf.wse import chains as _chains
 from cerebras_tf.wse import dataflow, denormals, memory, threads
-from cerebras_tf.wse.fusion import dense_groups, fused_pairs, rounding_pairs
+from cerebras_tf.wse.fusion import WITH_KNOWN_MAXIMA, dense_groups, fused_pairs, known_maxima, rounding_pairs
 from cerebras_tf.wse.kernels import (DENSE_KINDS, KERNELS, NUMPY_HOST_KERNELS, HostKernels, KernelContext,
                                     KernelInputError, np_dtype)
 from cerebras_tf.wse.kernels._registry import KernelFn
@@ -201,6 +201,7 @@ class Executor:
             self._phases = _chains.defer_to_update(self._phases, program.tensors, self._keep)
         self._readers = ir.readers(k for kernels in self._phases for k in kernels)  # in program order
         self._last_use = {tid: ids[-1] for tid, ids in self._readers.items()}  # readers are in program order
+        self._known_maxima = known_maxima(k for kernels in self._phases for k in kernels)
         self._shared_reads, self._views = self._reads_without_copy()
         self._shared_values = {program.kernels[i].outputs[0] for i in self._shared_reads}  # the variables' arrays
         self._scale: float | None = None
@@ -390,6 +391,10 @@ class Executor:
                                                       for m in (*chain.kernels, *assigns.values())))
             elif beside is not None:
                 fn = self._together(kernel, beside)
+            elif kernel.id in self._known_maxima:
+                fn = WITH_KNOWN_MAXIMA["" if tail is None or tail.kind == "to_half" else tail.kind]
+                if tail is not None and tail.kind == "to_half":
+                    fn = self._rounding_in_place(fn)
             elif tail is not None and tail.kind == "to_half":
                 fn = self._rounding_in_place(KERNELS[kernel.kind])
             elif tail is not None:

@@ -11,16 +11,20 @@ rounds that output in place, right after the kernel, where it is still in cache:
 fewer over memory (the executor checks each time that the output is a new float32 array of the kernel's own).
 Two adjacent independent dense kernels (`dense_groups`: a convolution's input and filter gradients) run in one
 call of a provider that takes kernels together (HostKernels.together: TensorFlow's executor runs them at once).
+A max_pool_grad whose orig_output is the max_pool of its orig_input (`known_maxima`, as in every gradient TF
+builds) reads the window maxima from it instead of taking them again (`WITH_KNOWN_MAXIMA`).
 The program (its kernels, the report, the placement) is unchanged: fusion is how the simulator's host
 computes it.
 """
 from __future__ import annotations
 
-from typing import Collection, Iterator, Mapping, Sequence
+from typing import Collection, Iterable, Iterator, Mapping, Sequence
 
 from cerebras_tf import ir
 from cerebras_tf.wse.kernels import DENSE_KINDS
+from cerebras_tf.wse.kernels._registry import KernelFn
 from cerebras_tf.wse.kernels.fused import FUSED
+from cerebras_tf.wse.kernels.pool import max_pool_grad_of_output, max_pool_grad_of_output_relu_grad
 
 
 def _sole_readers(kernels: Sequence[ir.Kernel], readers: Mapping[int, Sequence[int]],
@@ -91,3 +95,22 @@ def dense_groups(kernels: Sequence[ir.Kernel], exclude: Collection[int] = ()) ->
 def _groupable(kernel: ir.Kernel, exclude: Collection[int]) -> bool:
     return (kernel.kind in DENSE_KINDS and kernel.guard is None and kernel.check_guard is None and not kernel.vars
             and kernel.id not in exclude)
+
+
+# The function of a max_pool_grad in `known_maxima`, by the kind of the tail fused into it ("": none).
+WITH_KNOWN_MAXIMA: dict[str, KernelFn] = {"": max_pool_grad_of_output, "relu_grad": max_pool_grad_of_output_relu_grad}
+
+
+def known_maxima(kernels: Iterable[ir.Kernel]) -> set[int]:
+    """Ids of the max_pool_grad kernels among `kernels` (the whole program) whose orig_output (input 1) is the
+    first output of an unguarded max_pool of the same orig_input (input 0) and the same attrs: bit for bit
+    that pool's window maxima, which TF's kernel would take again from orig_input."""
+    kernels = list(kernels)
+    pooled = {k.outputs[0]: k for k in kernels if k.kind == "max_pool" and k.guard is None and k.outputs}
+    known = set()
+    for kernel in kernels:
+        if kernel.kind == "max_pool_grad" and len(kernel.inputs) == 3:
+            pool = pooled.get(kernel.inputs[1])
+            if pool is not None and pool.inputs[:1] == kernel.inputs[:1] and pool.attrs == kernel.attrs:
+                known.add(kernel.id)
+    return known

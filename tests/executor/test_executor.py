@@ -16,7 +16,7 @@ from cerebras_tf.compiler import initial
 from cerebras_tf.run.host_kernels_tf import TENSORFLOW_HOST_KERNELS
 from cerebras_tf.precheck import precheck
 from cerebras_tf.wse.executor import Executor
-from cerebras_tf.wse.kernels import NUMPY_HOST_KERNELS
+from cerebras_tf.wse.kernels import KERNELS, NUMPY_HOST_KERNELS
 from estimator import ModeKeys
 
 BATCH, STEPS = 16, 12
@@ -184,9 +184,10 @@ def test_the_gradient_seed_drives_every_gradient(tmp_path):
 def test_fused_relus_give_the_results_of_the_kernels_one_at_a_time(tmp_path, monkeypatch):
     """The zoo CNN's bias_add -> relu, fused_batch_norm -> relu and max_pool_grad -> relu_grad run fused, and
     the half rounding after its avg_pool and fused_batch_norm_grad rounds their outputs in place
-    (wse/fusion.py); the losses and weights after a few float16 steps are those of the unfused kernels, bit
-    for bit."""
+    (wse/fusion.py), and the max_pool_grad reads its window maxima from the max pool's output (known_maxima);
+    the losses and weights after a few float16 steps are those of the unfused kernels, bit for bit."""
     from cerebras_tf.wse import executor as executor_module
+    from cerebras_tf.wse.fusion import WITH_KNOWN_MAXIMA
     from examples.zoo import cnn
     params = {"batch_size": 8, "image_size": 12, "filters": [4, 8, 8], "num_examples": 64}
     model, program, start = _compiled(tmp_path, casts=True, model_fn=cnn.model_fn, input_fn=cnn.input_fn,
@@ -197,7 +198,10 @@ def test_fused_relus_give_the_results_of_the_kernels_one_at_a_time(tmp_path, mon
         if not fuse:
             monkeypatch.setattr(executor_module, "fused_pairs", lambda *args, **kw: {})
             monkeypatch.setattr(executor_module, "rounding_pairs", lambda *args, **kw: {})
+            monkeypatch.setattr(executor_module, "known_maxima", lambda *args, **kw: set())
         executor = Executor(program, start, grad_scaler=GradScaler(loss_scale="dynamic"))
+        pool_grads = [p.fn for plan in executor._plans for p in plan if p.kernel.kind == "max_pool_grad"]
+        assert pool_grads == ([WITH_KNOWN_MAXIMA["relu_grad"]] if fuse else [KERNELS["max_pool_grad"]])
         fused = sorted((p.kernel.kind, p.tail.kind) for plan in executor._plans for p in plan if p.tail)
         assert fused == ([("avg_pool", "to_half"), ("bias_add", "relu"), ("fused_batch_norm", "relu"),
                           ("fused_batch_norm_grad", "to_half"), ("max_pool_grad", "relu_grad")] if fuse else [])

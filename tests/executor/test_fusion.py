@@ -80,3 +80,19 @@ def test_adjacent_independent_dense_kernels_are_grouped_for_one_provider_call():
     assert groups(apart) == {}  # the kernel between might read the first's output
     assert groups([_kernel(0, "matmul", [1, 2], [3]), _kernel(1, "matmul", [1, 2], [4], guard=9)]) == {}
     assert groups([_kernel(0, "relu", [1], [3]), _kernel(1, "matmul", [1, 2], [4])]) == {}
+
+
+def test_a_max_pool_grad_knows_its_maxima_when_orig_output_is_the_max_pool_of_orig_input():
+    from cerebras_tf.wse.fusion import known_maxima
+    attrs = {"ksize": [1, 2, 2, 1], "strides": [1, 2, 2, 1], "padding": "VALID", "data_format": "NHWC"}
+
+    def program(pool_input: int = 1, pool_attrs=attrs, **pool_kw) -> list[ir.Kernel]:
+        return [ir.Kernel(0, "max_pool", [pool_input], [2], dict(pool_attrs), **pool_kw),
+                ir.Kernel(1, "neg", [2], [3], {}),
+                ir.Kernel(2, "max_pool_grad", [1, 2, 3], [4], dict(attrs))]
+    assert known_maxima(program()) == {2}
+    assert known_maxima(program(pool_input=7)) == set()  # the max pool of another tensor
+    assert known_maxima(program(pool_attrs={**attrs, "padding": "SAME"})) == set()
+    assert known_maxima(program(guard=9)) == set()  # a pool that may not run
+    not_pooled = [ir.Kernel(1, "neg", [1], [2], {}), ir.Kernel(2, "max_pool_grad", [1, 2, 3], [4], dict(attrs))]
+    assert known_maxima(not_pooled) == set()

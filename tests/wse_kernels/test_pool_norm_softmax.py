@@ -357,3 +357,37 @@ def test_fused_max_pool_grad_relu_grad_is_the_two_kernels_bit_for_bit(shape, ksi
     expected = run("relu_grad", [run("max_pool_grad", inputs, attrs)[0], x])[0]
     assert fused.dtype == expected.dtype
     np.testing.assert_array_equal(fused.view(np.uint32), expected.view(np.uint32))
+
+
+@pytest.mark.parametrize("shape,ksize,strides,padding", [
+    ((2, 8, 8, 3), 2, 2, "VALID"),   # tiles the input
+    ((2, 9, 9, 3), 2, 2, "VALID"),   # a row and column in no window
+    ((2, 7, 7, 3), 3, 3, "SAME"),    # padded
+    ((2, 7, 7, 3), 3, 2, "SAME"),    # overlapping
+    ((2, 6, 6, 3), 3, 1, "SAME"),    # overlapping, stride 1
+])
+@pytest.mark.parametrize("relu", [False, True])
+def test_max_pool_grad_with_known_maxima_is_max_pool_grad_bit_for_bit(shape, ksize, strides, padding, relu, rng, jit):
+    """Reading the window maxima from orig_output (the executor's choice where the program shows it is
+    max_pool(orig_input): wse/fusion.py's known_maxima) routes every gradient as taking them again does:
+    ties, NaN and inf windows, -0.0 against 0.0, all -inf windows, non-finite gradients."""
+    from cerebras_tf.wse.fusion import WITH_KNOWN_MAXIMA
+    from cerebras_tf.wse.kernels.fused import FUSED
+    x = np.maximum(np.round(rng.standard_normal(shape) * 2), 0).astype(F)  # a relu's output: ties
+    x[0, :2, :2, 0] = 0.0
+    x[0, 0, 1, 0] = -0.0
+    x[1, 0, 0, 1] = np.inf
+    x[1, 2, 2, 2] = np.nan
+    x[1, 3:6, 3:6, 0] = -np.inf
+    attrs = {"ksize": [1, ksize, ksize, 1], "strides": [1, strides, strides, 1], "padding": padding}
+    y = run("max_pool", [x], attrs)[0]
+    g = rng.standard_normal(y.shape).astype(F)
+    g.flat[:3] = [np.inf, -np.inf, np.nan]
+    inputs = [x, y, g]
+    if relu:
+        expected = FUSED[("max_pool_grad", "relu_grad")].fn(inputs, attrs, None)[0]
+    else:
+        expected = run("max_pool_grad", inputs, attrs)[0]
+    known = WITH_KNOWN_MAXIMA["relu_grad" if relu else ""](inputs, attrs, None)[0]
+    assert known.dtype == expected.dtype
+    np.testing.assert_array_equal(known.view(np.uint32), expected.view(np.uint32))

@@ -16,6 +16,8 @@ windows' reverse row-major order, so the gradient loops walk windows backwards).
 max_pool_grad has a second loop for non-overlapping windows (stride >= kernel,
 as in 2x2/2 pooling): it writes each covered element once, its window's
 gradient or 0, so dx is zero-filled only when some element is in no window.
+Where the program shows orig_output to be the max pool of orig_input (the executor's
+`known_maxima`), that loop reads the window maxima from orig_output instead.
 """
 from __future__ import annotations
 
@@ -192,6 +194,35 @@ def _max_pool_grad_tiles(x: np.ndarray, grad_bits: np.ndarray, kh: int, kw: int,
 
 
 @_jit.jit
+def _max_pool_grad_tiles_known(x: np.ndarray, y: np.ndarray, grad_bits: np.ndarray, kh: int, kw: int, sh: int, sw: int,
+                               pt: int, pl: int, relu_grad: bool, dx_bits: np.ndarray, lo: int, hi: int) -> None:
+    """_max_pool_grad_tiles where y (NHWC) is this max pool of x, bit for bit: one walk over the taps, each
+    window's gradient bits to the first tap equal to y (none when y is NaN), 0 to its other taps; with
+    relu_grad, nothing where y is not > 0 (the tap taking the gradient holds y, so x > 0 there is y > 0)."""
+    h, w, c = x.shape[1], x.shape[2], x.shape[3]
+    oh, ow = grad_bits.shape[1], grad_bits.shape[2]
+    every = not relu_grad
+    free = np.empty((ow, c), grad_bits.dtype)  # all bits set until a tap of the window takes its gradient
+    for n in range(lo, hi):
+        for i0 in range(oh):
+            free[:] = -1
+            for i in range(kh):
+                r = i0 * sh + i - pt
+                if r < 0 or r >= h:
+                    continue
+                for j in range(kw):
+                    for j0 in range(ow):
+                        q = j0 * sw + j - pl
+                        if q < 0 or q >= w:
+                            continue
+                        for k in range(c):
+                            m = y[n, i0, j0, k]
+                            hit = free[j0, k] & -grad_bits.dtype.type((x[n, r, q, k] == m) & (every | (m > 0)))
+                            free[j0, k] &= ~hit
+                            dx_bits[n, r, q, k] = grad_bits[n, i0, j0, k] & hit
+
+
+@_jit.jit
 def _avg_pool_loop(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, pl: int, counts: np.ndarray,
                    out: np.ndarray, lo: int, hi: int) -> None:
     """out[n] (zeros on entry) = the window sums of x[n] in tap order, divided by the window counts."""
@@ -283,13 +314,31 @@ def max_pool_grad_relu_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any],
     return _max_pool_grad(inputs, attrs, ctx, relu_grad=True)
 
 
+def max_pool_grad_of_output(inputs: list[np.ndarray], attrs: Mapping[str, Any],
+                            ctx: KernelContext) -> list[np.ndarray]:
+    """max_pool_grad where orig_output is known to be max_pool(orig_input) of these attrs, bit for bit (the
+    executor checks the program: wse/fusion.py's known_maxima): with numba, non-overlapping windows read their
+    maxima from it instead of taking them again (the same bits as max_pool_grad; one walk over orig_input
+    instead of two: the zoo CNN's 2x2/2 pool 30% faster)."""
+    return _max_pool_grad(inputs, attrs, ctx, relu_grad=False, known=True)
+
+
+def max_pool_grad_of_output_relu_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any],
+                                      ctx: KernelContext) -> list[np.ndarray]:
+    """max_pool_grad_relu_grad where orig_output is known to be max_pool(orig_input), as max_pool_grad_of_output."""
+    return _max_pool_grad(inputs, attrs, ctx, relu_grad=True, known=True)
+
+
 def _max_pool_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext,
-                   relu_grad: bool) -> list[np.ndarray]:
-    x, _, grad = inputs
+                   relu_grad: bool, known: bool = False) -> list[np.ndarray]:
+    """max_pool_grad, with relu_grad applied on the way out; `known`: inputs[1] is max_pool(inputs[0]) of
+    these attrs, bit for bit, and the numba loop of non-overlapping windows takes the window maxima from it
+    (for overlapping ones, measured no faster than taking them again)."""
+    x, y, grad = inputs
     g = _geom(attrs, x.shape)
     overlap = g.kh > g.sh or g.kw > g.sw
     if relu_grad and (overlap or not _jit_ok(x, grad) or x.dtype != grad.dtype):  # only the tiles loop masks
-        return relu_grad_kernel([_max_pool_grad(inputs, attrs, ctx, relu_grad=False)[0], x], {}, ctx)
+        return relu_grad_kernel([_max_pool_grad(inputs, attrs, ctx, relu_grad=False, known=known)[0], x], {}, ctx)
     if _jit_ok(x, grad):
         xn, gn = np.ascontiguousarray(_nhwc(x, g)), np.ascontiguousarray(_nhwc(grad, g))
         dx = empty_aligned((g.n, g.h, g.w, g.c), grad.dtype)
@@ -298,8 +347,13 @@ def _max_pool_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Kern
             if not _tiled(g):
                 dx.fill(0)  # elements in no window
             dx_bits = dx.view(bits.dtype)
-            split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _max_pool_grad_tiles(
-                xn, bits, *_geometry(g), relu_grad, dx_bits, lo, hi))
+            if known and y.dtype == x.dtype and y.shape == grad.shape:
+                yn = np.ascontiguousarray(_nhwc(y, g))
+                split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _max_pool_grad_tiles_known(
+                    xn, yn, bits, *_geometry(g), relu_grad, dx_bits, lo, hi))
+            else:
+                split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _max_pool_grad_tiles(
+                    xn, bits, *_geometry(g), relu_grad, dx_bits, lo, hi))
             return [_back(dx, g)]
         dx.fill(0)
         def work(lo: int, hi: int) -> None:
