@@ -8,7 +8,10 @@ Two levels, each side in its own subprocess:
   - step: the bare training step. TF: the captured Estimator graph in a tf.compat.v1.Session
     (the Estimator's inner loop without hooks); ours: cerebras_tf.wse.executor.Executor.step
     on the compiled program; steps/s is 1 / the median step time (robust to the odd step a
-    busy host stalls).
+    busy host stalls). The sides' subprocesses run at the same time, taking turns: each in turn
+    runs a block of --block steps while the others wait, the order rotated every block, so a
+    machine whose speed drifts within a run (seen here: the same step 24 ms, then 37 ms a minute
+    later) slows every side alike instead of deciding a ratio.
 Ours runs float16 numerics with dynamic loss scaling (and, for reference, float32 numerics:
 set_half_dtype("float32")), each on every host-kernel provider (cerebras_tf.run.host_kernels_tf):
 numpy/OpenBLAS ("/numpy") and TensorFlow's own CPU kernels ("/tensorflow"); train(use_cs=True)
@@ -20,15 +23,16 @@ encoder, its own Adam with weight decay) at bench_models.TRANSFORMER_PARAMS (no 
 runs in its own subprocess so peak RSS is its own; both read the same pre-made batches' worth of work per step.
 
     ./dev bench executor_bench [--steps 100] [--models mlp,cnn,transformer] [--levels train,step]
-                                [--rounds 1] [--openblas-coretype NAME]
+                                [--rounds 1] [--block 10] [--openblas-coretype NAME]
 
 "threads": the thread count our executor's first steps measured faster (dataflow.ThreadChoice: 1, one kernel
 at a time, or side by side), per round ("1/2" when rounds differed); the train level does not report it.
 
-With --rounds N every side is measured N times, the sides in a rotated order each round (so none is
-always first after another); a row reports the median steps/s over the rounds, its ratio to the median
-of TF's, and the range of the per-round ratios (each round's side against that round's TF): this
-machine's run-to-run noise (10-20%) otherwise decides a ratio near a target.
+With --rounds N every side is measured N times (the train level: one side after another, in a rotated
+order each round, so none is always first after another; the step level: N sets of subprocesses taking
+turns); a row reports the median steps/s over the rounds, its ratio to the median of TF's, and the range
+of the per-round ratios (each round's side against that round's TF): this machine's run-to-run noise
+(10-20%) otherwise decides a ratio near a target.
 
 Our matmuls and convolutions run on numpy's bundled OpenBLAS, whose kernels an
 OPENBLAS_CORETYPE in the environment pins (e.g. "Haswell": AVX2 only, even on an AVX-512
@@ -40,6 +44,7 @@ removes them; `--openblas-coretype NAME` sets it, for both sides alike. The head
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -80,27 +85,106 @@ def _measure(model_name: str, side: str, steps: int, level: str) -> dict:
     if level == "train":
         model_fn, input_fn, params = bench_models.model(model_name)
         return _measure_train(model_fn, input_fn, params, side, steps)
+    return _serve_steps(model_name, side, provider)
+
+
+WARMUP = 5  # steps before any is timed (ours: and until its thread count is chosen)
+REWARM = 2  # untimed steps at the start of each turn: the caches and thread pools the other sides took
+
+
+def _serve_steps(model_name: str, side: str, provider: str) -> dict:
+    """The step level's subprocess: prepares its side, warms it up, prints {"ready": true}; then, for each
+    line N on stdin, runs REWARM + N steps and prints the last N's times ({"times": [...]}, seconds), until
+    "end"."""
     prepared = bench_models.prepare(model_name)
     batches = prepared.batches
-    times = []
-    if side == "tf":
-        with bench_models.tf_session(prepared) as (session, fetches):
-            for _ in range(5):
+    with contextlib.ExitStack() as stack:
+        if side == "tf":
+            session, fetches = stack.enter_context(bench_models.tf_session(prepared))
+            executor = None
+
+            def step(i: int) -> None:
                 session.run(fetches)
-            for _ in range(steps):
+        else:
+            executor = bench_models.our_executor(prepared, provider)
+
+            def step(i: int) -> None:
+                executor.step(*batches[i % 8])
+        done = 0
+        while done < WARMUP or (executor is not None and executor.threads is None and done < 100):
+            step(done)
+            done += 1
+        print(json.dumps({"ready": True}), flush=True)
+        for line in sys.stdin:
+            if line.strip() == "end":
+                break
+            times = []
+            for i in range(REWARM + int(line)):
                 start = time.perf_counter()
-                session.run(fetches)
-                times.append(time.perf_counter() - start)
-    else:
-        executor = bench_models.our_executor(prepared, provider)
-        for i in range(5):
-            executor.step(*batches[i % 8])
-        for i in range(steps):
-            start = time.perf_counter()
-            executor.step(*batches[i % 8])
-            times.append(time.perf_counter() - start)
-    return {"steps_per_sec": 1 / statistics.median(times), "threads": None if side == "tf" else executor.threads,
+                step(done)
+                if i >= REWARM:
+                    times.append(time.perf_counter() - start)
+                done += 1
+            print(json.dumps({"times": times}), flush=True)
+    return {"threads": None if executor is None else executor.threads,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+class _Side:
+    """One side's step-level subprocess (_serve_steps), driven a block of steps at a time."""
+
+    def __init__(self, model_name: str, side: str, env: dict[str, str]) -> None:
+        self.name = side
+        self.times: list[float] = []
+        self._stderr = tempfile.TemporaryFile(mode="w+")
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.executor_bench", "--model", model_name, "--side", side,
+             "--level", "step"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
+            cwd=ROOT, env=env)
+        self._reply()  # ready
+
+    def _reply(self) -> dict:
+        assert self._process.stdin is not None and self._process.stdout is not None
+        for line in self._process.stdout:
+            if line.startswith("{"):
+                return json.loads(line)
+        self._stderr.seek(0)
+        raise RuntimeError(f"executor_bench side {self.name} stopped:\n{self._stderr.read()[-4000:]}")
+
+    def run(self, steps: int) -> None:
+        assert self._process.stdin is not None
+        self._process.stdin.write(f"{steps}\n")
+        self._process.stdin.flush()
+        self.times += self._reply()["times"]
+
+    def finish(self) -> dict:
+        assert self._process.stdin is not None
+        self._process.stdin.write("end\n")
+        self._process.stdin.flush()
+        result = self._reply()
+        self._process.wait()
+        self._stderr.close()
+        return {**result, "steps_per_sec": 1 / statistics.median(self.times)}
+
+    def kill(self) -> None:
+        """Stop the subprocess if it still runs (a side that failed, or another's failure)."""
+        if self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+
+
+def _measure_steps_taking_turns(model_name: str, sides: tuple[str, ...], steps: int, block: int,
+                                env: dict[str, str]) -> dict[str, dict]:
+    """Every side's step-level measurement, their subprocesses taking turns a block of steps at a time."""
+    running = [_Side(model_name, side, env) for side in sides]
+    try:
+        for b in range(-(-steps // block)):
+            for side in running[b % len(running):] + running[:b % len(running)]:
+                side.run(min(block, steps - b * block))
+        return {side.name: side.finish() for side in running}
+    finally:
+        for side in running:
+            side.kill()
 
 
 def _measure_train(model_fn, input_fn, params: dict, side: str, steps: int) -> dict:
@@ -137,6 +221,7 @@ def main() -> None:
                              "this CPU), or an OpenBLAS core name such as Haswell or SkylakeX")
     parser.add_argument("--levels", default="train,step")
     parser.add_argument("--rounds", type=int, default=1, help="measure every side this many times (median)")
+    parser.add_argument("--block", type=int, default=10, help="steps a side runs in its turn (the step level)")
     parser.add_argument("--side", help=argparse.SUPPRESS)
     parser.add_argument("--level", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -145,7 +230,8 @@ def main() -> None:
         print(json.dumps(_measure(args.model, args.side, args.steps, args.level)))
         return
     env = _openblas_env(args.openblas_coretype)
-    print(f"{args.steps} steps after 5 warm-up steps each, {os.cpu_count()}-core CPU; "
+    print(f"{args.steps} steps after {WARMUP} warm-up steps each (ours: and its thread choice); the step level's "
+          f"sides take turns, {args.block} timed steps at a time after {REWARM} untimed; {os.cpu_count()}-core CPU; "
           + "; ".join(bench_models.DESCRIPTIONS[name] for name in args.models.split(",")) + "; "
           f"OPENBLAS_CORETYPE={env.get('OPENBLAS_CORETYPE', '(unset: chosen by OpenBLAS)')}")
     width = max(len("model"), *(len(name) for name in args.models.split(",")))
@@ -158,6 +244,11 @@ def main() -> None:
         for level in args.levels.split(","):
             rows: dict[str, list[dict]] = {side: [] for side in sides}
             for r in range(args.rounds):
+                if level == "step":
+                    measured = _measure_steps_taking_turns(model_name, sides, args.steps, args.block, env)
+                    for side in sides:
+                        rows[side].append(measured[side])
+                    continue
                 for side in sides[r % len(sides):] + sides[:r % len(sides)]:
                     out = subprocess.run([sys.executable, "-m", "benchmarks.executor_bench", "--model", model_name,
                                           "--side", side, "--level", level, "--steps", str(args.steps)],
