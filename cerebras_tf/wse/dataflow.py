@@ -74,10 +74,12 @@ class ThreadChoice:
     results are the same bits either way, so only the time decides: after WARMUP steps (numba compiles,
     caches and malloc's heap fill: the zoo CNN's steps still shrink from 45 to 30 ms over its first six), the
     candidates take turns for TRIALS steps each, and the one with the lowest median step time is kept. (With
-    two warm-up steps the CNN kept two threads in one run of three, at 33 ms a step against one thread's 29.)"""
+    two warm-up steps the CNN kept two threads in one run of three, at 33 ms a step against one thread's 29. With
+    five trials each the zoo transformer kept one thread or two from run to run, where two were 2-7% faster
+    measured alternating in one process: a median of five steps varying by 10% misses such a difference.)"""
 
     WARMUP = 6
-    TRIALS = 5
+    TRIALS = 9
 
     def __init__(self, candidates: Sequence[int]) -> None:
         self.candidates = tuple(candidates)
