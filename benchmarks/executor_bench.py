@@ -9,7 +9,8 @@ Two levels, each side in its own subprocess:
     (the Estimator's inner loop without hooks); ours: cerebras_tf.wse.executor.Executor.step
     on the compiled program; steps/s is 1 / the median step time (robust to the odd step a
     busy host stalls). The sides' subprocesses run at the same time, taking turns: each in turn
-    runs a block of --block steps while the others wait, the order rotated every block, so a
+    runs two untimed steps (its caches and thread pools back) and a block of --block timed steps
+    while the others wait, the order rotated every block, so a
     machine whose speed drifts within a run (seen here: the same step 24 ms, then 37 ms a minute
     later) slows every side alike instead of deciding a ratio.
 Ours runs float16 numerics with dynamic loss scaling (and, for reference, float32 numerics:
