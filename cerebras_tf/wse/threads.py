@@ -40,8 +40,8 @@ MIN_ELEMENTS_PER_THREAD = 1 << 16  # below this, the thread hand-off costs more 
 STREAMING_MIN_ELEMENTS_PER_THREAD = 1 << 24
 
 # A compiled loop (a chain's, wse/chains.py) is split on numba's own threads (its OpenMP or TBB layer) from this
-# many elements per thread: they wait for work spinning without the GIL, so a hand-off costs microseconds where
-# a Python pool thread's costs 70-90 (benchmarks/handoff_bench.py).
+# many elements per thread: they wait for work spinning without the GIL (briefly: short_openmp_spin), so
+# a hand-off soon after a loop costs microseconds where a Python pool thread's costs 70-90 (handoff_bench).
 LOOP_MIN_ELEMENTS_PER_THREAD = 1 << 16
 
 _pool: ThreadPoolExecutor | None = None
@@ -145,11 +145,26 @@ def _fill(out: np.ndarray) -> None:  # pragma: no cover - compiled by numba (par
         out[i] = i
 
 
+def short_openmp_spin() -> None:
+    """Have GNU OpenMP's idle threads spin for 10,000 rounds (GOMP_SPINCOUNT) before they
+    sleep, instead of its default 300,000, unless the environment sets OMP_WAIT_POLICY or
+    GOMP_SPINCOUNT. OpenMP reads them when it is loaded, so this runs before numba first starts its threads.
+    With the default, numba's worker spins on a core long after each parallel loop, taking it from the thread
+    a split matmul or pooling kernel runs its other half on: the zoo transformer's step on one executor thread
+    took 216 ms, 131 ms with 10,000 (135 ms with OMP_WAIT_POLICY=PASSIVE, whose every hand-off wakes a
+    sleeping thread: a split 128K-element loop 182 µs against 89); on two threads 118 and 119 ms, within the
+    noise (measured in processes taking turns)."""
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+
+
 def _probe_loop_threads() -> bool:
     """Whether numba runs parallel loops here on a thread-safe layer (OpenMP or TBB: the executor's threads may
-    launch loops at once; numba's fallback "workqueue" layer aborts on that)."""
+    launch loops at once; numba's fallback "workqueue" layer aborts on that). Its OpenMP threads spin only
+    briefly when idle (short_openmp_spin)."""
     if _numba is None:  # pragma: no cover - numba is a dependency
         return False
+    short_openmp_spin()
     try:
         _numba.njit(parallel=True, nogil=True, cache=True)(_fill)(np.empty(2))
         return bool(_numba.threading_layer() in ("omp", "tbb"))
