@@ -5,7 +5,8 @@ simulator does the same for the few memory-bound passes that dominate a step
 (half-precision rounding, fused optimizer updates). Results are identical to
 a single-threaded run: every element is computed by the same ufuncs, only in
 disjoint slices. While the executor runs kernels side by side (wse/dataflow.py),
-no kernel splits: each of its threads already keeps a core busy.
+no kernel starts a split: each of its threads already keeps a core busy (one
+that split while it ran alone keeps its split: see wse/dataflow.py).
 
 Two ways to split: `split_range` hands Python work to a pool thread (a hand-off
 costs 70-90 us on this project's 2-core VM, benchmarks/handoff_bench.py), and
