@@ -10,7 +10,13 @@ unmaps it on free, so every page of it is faulted in again on first touch:
 17,000 faults per step of the zoo transformer, a tenth of its time.
 TensorFlow's allocator keeps its buffers; `keep_freed_memory` asks malloc to
 do the same (blocks up to 32 MiB from its heap, freed memory kept for reuse),
-which leaves 60 faults per step and the peak resident memory as it was.
+which leaves 60 faults per step and the peak resident memory as it was. That
+is on one thread: the executor's second thread allocates from another of
+malloc's arenas, whose heaps are unmapped when they empty, and the transformer
+on two threads takes about 3,400 faults a step (7 ms of system time). One
+arena for every thread (mallopt M_ARENA_MAX=1) takes that to 50, but the step
+took no less time (measured in processes taking turns), so malloc's arenas
+are left as they are.
 """
 from __future__ import annotations
 
