@@ -26,15 +26,16 @@ it (the transformer's weight gradients) fills the other core. Each unit
 computes what it would one at a time: results are bit-identical whatever the
 schedule, and the same from run to run. A tensor is dropped when every unit of the phase that
 reads it has finished (its last use is in this phase and it is not kept).
-The cores are seldom oversubscribed: a kernel started beside another does
-not split its work (threads.split_range), and OpenBLAS runs on one thread
-while the executor runs on several (threads.one_blas_thread: its idle threads
-would otherwise spin on the cores the executor's threads need). A kernel that
-split while it ran alone keeps its split when another starts beside it (the
-zoo transformer: a fifth of its step with three threads on two cores);
-measured in one process against this schedule, having the second wait for the
-split to end was no faster, and, with that wait, letting a long kernel split beside a short
-one (a quarter of its estimated time or less) was 15% slower. A unit that
+A kernel started beside another does not split its work (threads.split_range),
+and OpenBLAS runs on one thread while the executor runs on several
+(threads.one_blas_thread: its idle threads would otherwise spin on the cores
+the executor's threads need). The cores are oversubscribed in one case: a
+kernel that split while it ran alone keeps its split when another starts
+beside it (the zoo transformer: a fifth of its step with three threads on two
+cores). Measured in one process against this schedule, having the second
+wait for the split to end was no faster, and, with that wait, letting a long
+kernel split beside a short one (a quarter of its estimated time or less) was
+15% slower. A unit that
 raises stops the start of every later unit; the units before it finish, and
 the error of the first in program order is raised.
 """
