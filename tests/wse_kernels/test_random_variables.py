@@ -29,6 +29,35 @@ def test_unseeded_kernels_differ_by_salt():
     np.testing.assert_array_equal(a, run("random_normal", [], attrs, step=1, salt=1)[0])
 
 
+# (key, (counter low, high), size): the Random123 known answer, a counter whose low half carries into the high
+# one inside the sample, one that wraps at 2^128, a size that is no multiple of 4, one the numba loop splits
+PHILOX_CASES = [(0, (0, 0), 8), (0x299F31D0A4093822, (0xFFFFFFFFFFFFFF00, 0x0370734413198A2E), 1001),
+                (123, (2**64 - 3, 2**64 - 1), 10), (5, (7, 9), 1 << 20)]
+
+
+@pytest.mark.parametrize("key,counter,size", PHILOX_CASES)
+def test_philox_uniform_is_tfs_stateless_uniform(jit, key, counter, size):
+    from cerebras_tf.wse.kernels.random import philox_uniform
+
+    theirs = R.StatelessRandomUniformV2(shape=[size], key=tf.constant([key], tf.uint64),
+                                        counter=tf.constant(list(counter), tf.uint64), alg=1, dtype=tf.float32)
+    ours = philox_uniform(size, key, counter)
+    assert ours.dtype == np.float32
+    np.testing.assert_array_equal(ours, theirs.numpy())
+
+
+def test_random_uniform_is_the_stateless_uniform_of_its_stream(jit):
+    from cerebras_tf.wse.kernels._registry import KernelContext
+    from cerebras_tf.wse.kernels.random import stream
+
+    attrs = {"seed": 7, "seed2": 3, "dtype": "float32", "shape": [30, 7]}
+    key, counter = stream(attrs, KernelContext(step=11))
+    theirs = R.StatelessRandomUniformV2(shape=[30, 7], key=tf.constant([key], tf.uint64),
+                                        counter=tf.constant(list(counter), tf.uint64), alg=1, dtype=tf.float32)
+    np.testing.assert_array_equal(run("random_uniform", [], attrs, step=11)[0], theirs.numpy())
+    assert stream(attrs, KernelContext(step=12)) != (key, counter)
+
+
 def test_random_distributions():
     n = float(np.prod(SHAPE))
     u = run("random_uniform", [], {"seed": 1, "seed2": 2, "shape": SHAPE})[0]
