@@ -57,10 +57,10 @@ ENV_VAR = "CEREBRAS_TF_FUSE_CHAINS"
 CACHE_ENV_VAR = "CEREBRAS_TF_CHAIN_CACHE"
 # In every generated source (so in its cache file's name): this module's own hash, as numba's disk cache would
 # not see a change to the code generation or to the intrinsics a loop inlines;
-# kernels/half.py's too, for the float16 rounding intrinsic the loops call, and wse/denormals.py's, for the
-# MXCSR functions the parallel loops call.
+# kernels/half.py's too, for the float16 rounding intrinsic the loops call, kernels/_jit.py's, for the bit
+# casts, and wse/denormals.py's, for the MXCSR functions the parallel loops call.
 _stamp = hashlib.sha256()
-for _path in (__file__, _half.__file__, _denormals.__file__):
+for _path in (__file__, _half.__file__, _jit.__file__, _denormals.__file__):
     with open(_path, "rb") as _code:
         _stamp.update(_code.read())
 _CODEGEN_STAMP = _stamp.hexdigest()[:16]
@@ -448,47 +448,10 @@ def _source(ops: list[_Op], inputs: list[int], kinds: list[str], outputs: list[i
                       ""])
 
 
-# ---- bit casts for to_half (numba intrinsics: a bitcast, no memory round trip) ----------------------------
+# ---- bit casts for to_half (kernels/_jit's intrinsics, under the names the generated sources import) ---------
 
-def _f2u_py(x: Any) -> int:  # pragma: no cover - only without numba, where no chain runs
-    return int(np.asarray(x, np.float32).view(np.uint32))
-
-
-def _u2f_py(u: Any) -> Any:  # pragma: no cover
-    return np.asarray(u, np.uint32).view(np.float32)[()]
-
-
-_f2u: Callable[..., Any] = _f2u_py
-_u2f: Callable[..., Any] = _u2f_py
-if _jit._numba is not None:  # pragma: no branch
-    from llvmlite import ir as _llvm
-    from numba.core import types as _types
-    from numba.extending import intrinsic as _intrinsic
-
-    @_intrinsic
-    def _f2u(typingctx: Any, x: Any) -> Any:  # pragma: no cover - compiled by numba
-        """The bits of a float32 as uint32."""
-        if x != _types.float32:
-            return None
-
-        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            return builder.bitcast(args[0], _llvm.IntType(32))
-        return _types.uint32(_types.float32), codegen
-
-    @_intrinsic
-    def _u2f(typingctx: Any, u: Any) -> Any:  # pragma: no cover - compiled by numba
-        """The float32 whose bits are the low 32 bits of the integer u."""
-        if u not in _types.integer_domain:
-            return None
-
-        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            value = args[0]
-            if u.bitwidth > 32:
-                value = builder.trunc(value, _llvm.IntType(32))
-            elif u.bitwidth < 32:
-                value = builder.zext(value, _llvm.IntType(32))
-            return builder.bitcast(value, _llvm.FloatType())
-        return _types.float32(u), codegen
+_f2u = _jit.f2u
+_u2f = _jit.u2f
 
 
 # ---- compiling and caching --------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The fast paths of the zoo transformer's memory-bound kinds (erf, select, one_hot, unsorted_segment_sum,
+"""The fast paths of the zoo transformer's memory-bound kinds (erf, erfc, select, one_hot, unsorted_segment_sum,
 add_n, softmax, log_softmax, add, assign_variable), numba loops and numpy code (`jit` fixture), against
 tf.raw_ops: bit for bit where the kernel matches TF's bits, else as the older tests check."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 from kernel_helpers import both_ways, check, run
 
-from cerebras_tf.wse.kernels import eigen_erf, elementwise
+from cerebras_tf.wse.kernels import eigen_erf, eigen_erfc, elementwise
 from cerebras_tf.wse.kernels import softmax as softmax_module
 
 R = tf.raw_ops
@@ -56,6 +56,59 @@ def test_erf_forms_differ_and_the_installed_one_is_picked(rng):
 def test_erf_other_dtypes_keep_theirs(rng):
     x = rng.normal(size=(5, 7))
     check(run("erf", [x])[0], R.Erf(x=x), rtol=1e-12, atol=1e-15)
+
+
+# |x| > 1 values whose erfc differs between Eigen's packet and scalar paths (on the CPU they were picked on).
+_ERFC_TAIL = np.array([4.677, -3.118, 4.695, 5.55, -2.094, 4.289, 1.097, -2.494, 4.025], F)
+
+
+def _erfc_inputs(rng: np.random.Generator) -> np.ndarray:
+    """erf's inputs, and erfc's edges: either side of |x| = 1 (the switch of form), the clamp at 11, where
+    exp(-x^2) leaves the normal range (9.345) and where the result does (9.194); an odd count (a tail)."""
+    one, clamp, underflow = F(1), F(11), F(9.194)
+    near = [np.nextafter(v, w) for v in (one, -one, clamp, -clamp, underflow) for w in (F(0), F(20))]
+    edges = np.array([*near, 9.3454, 9.3455, 10.05, 26.0, -26.0, 1e-20, -1e-20, 1e-38, 1.0001], F)
+    sweep = np.linspace(9.15, 9.25, 20_001, dtype=F)
+    return np.concatenate([_erf_inputs(rng), edges, sweep, -sweep, _ERFC_TAIL[:5]])
+
+
+def test_erfc_float32_is_tfs_bit_for_bit(jit, rng):
+    """TF's erfc in the installed TF's form, subnormals flushed as TF's threads flush them, the tail too."""
+    if eigen_erfc.FORM is None:
+        pytest.skip("no TF form for erfc here (Eigen's off x86-64)")
+    x = _erfc_inputs(rng)
+    assert x.size % eigen_erfc.PACKET
+    _same_bits(run("erfc", [x])[0], R.Erfc(x=x).numpy())
+    matrix = x[-4096:].reshape(64, 64)
+    _same_bits(run("erfc", [matrix])[0], R.Erfc(x=matrix).numpy())
+    for n in range(1, 18):  # all scalar path below 8 elements, then one or two packets and a tail
+        small = _ERFC_TAIL[np.arange(n) % _ERFC_TAIL.size]
+        _same_bits(run("erfc", [small])[0], R.Erfc(x=small).numpy())
+
+
+def test_erfc_forms_differ_and_the_installed_one_is_picked(rng):
+    """Only the installed TF's form gives its bits (packets of 8 with no tail)."""
+    if eigen_erfc.FORM is None:
+        pytest.skip("no TF form for erfc here (Eigen's off x86-64)")
+    assert eigen_erfc.tf_form() == eigen_erfc.FORM
+    x = (rng.normal(size=8192) * 3).astype(F)
+    theirs = R.Erfc(x=x).numpy()
+    for form in eigen_erfc.FORMS:
+        same = (eigen_erfc.erfc_float32(x, form) == theirs).all()
+        assert same == (form == eigen_erfc.FORM), form
+
+
+@pytest.mark.parametrize("version, form", [((2, 15), "libm"), ((2, 19), "libm"), ((2, 20), "rcp2"),
+                                           ((2, 21), "rcp1"), ((3, 0), "rcp1"), (None, "rcp1")])
+def test_erfc_form_follows_the_tf_version(version, form, monkeypatch):
+    """libm's erfcf up to TF 2.19, Eigen's with the old reciprocal step in 2.20, the new one from 2.21."""
+    monkeypatch.setattr(eigen_erfc, "tf_version", lambda: version)
+    assert eigen_erfc.tf_form() == (form if eigen_erfc._X86 or form == "libm" else None)
+
+
+def test_erfc_other_dtypes_keep_theirs(rng):
+    x = rng.normal(size=(5, 7)) * 3
+    check(run("erfc", [x])[0], R.Erfc(x=x), rtol=1e-12, atol=1e-300)
 
 
 @pytest.mark.parametrize("n", [1, 7, 8, 9, 128, 129, 300, 1000, 8000, 8192])

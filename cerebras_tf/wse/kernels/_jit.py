@@ -10,13 +10,16 @@ float32 parity tolerance of TensorFlow.
 
 `enabled()` says whether the loops are used: numba is a dependency, but the
 numpy paths stay (a missing numba, or CEREBRAS_TF_JIT=0, selects them) and the
-tests run every such kernel both ways (`use_jit`).
+tests run every such kernel both ways (`use_jit`). `f2u` and `u2f` reinterpret a
+float32's bits in a loop (and wse/chains' generated ones).
 """
 from __future__ import annotations
 
 import contextlib
 import os
 from typing import Any, Callable, Iterator, TypeVar, cast
+
+import numpy as np
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -56,3 +59,46 @@ def jit(fn: F) -> F:
     if _numba is None:  # pragma: no cover
         return fn
     return cast(F, _numba.njit(cache=True, nogil=True, fastmath=False, error_model="numpy")(fn))
+
+
+# ---- bit casts (numba intrinsics: a bitcast, no memory round trip), for the loops here and wse/chains' --------
+
+def _f2u_py(x: Any) -> int:  # pragma: no cover - only without numba, where no loop runs
+    return int(np.asarray(x, np.float32).view(np.uint32))
+
+
+def _u2f_py(u: Any) -> Any:  # pragma: no cover
+    return np.asarray(u, np.uint32).view(np.float32)[()]
+
+
+f2u: Callable[..., Any] = _f2u_py
+u2f: Callable[..., Any] = _u2f_py
+if _numba is not None:  # pragma: no branch
+    from llvmlite import ir as _llvm
+    from numba.core import types as _types
+    from numba.extending import intrinsic as _intrinsic
+
+    @_intrinsic
+    def f2u(typingctx: Any, x: Any) -> Any:  # pragma: no cover - compiled by numba
+        """The bits of a float32 as uint32."""
+        if x != _types.float32:
+            return None
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            return builder.bitcast(args[0], _llvm.IntType(32))
+        return _types.uint32(_types.float32), codegen
+
+    @_intrinsic
+    def u2f(typingctx: Any, u: Any) -> Any:  # pragma: no cover - compiled by numba
+        """The float32 whose bits are the low 32 bits of the integer u."""
+        if u not in _types.integer_domain:
+            return None
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            value = args[0]
+            if u.bitwidth > 32:
+                value = builder.trunc(value, _llvm.IntType(32))
+            elif u.bitwidth < 32:
+                value = builder.zext(value, _llvm.IntType(32))
+            return builder.bitcast(value, _llvm.FloatType())
+        return _types.float32(u), codegen

@@ -47,16 +47,22 @@ _X2_CAP = F(16)
 FORMS = ("clamped", "polevl")
 
 
-def tf_form() -> str:
-    """The form the installed tensorflow's erf takes ("polevl" when no tensorflow is installed)."""
+def tf_version() -> tuple[int, int] | None:
+    """The installed tensorflow's (major, minor), from its package metadata (no TF import); None without one."""
     for dist in ("tensorflow", "tensorflow-cpu", "tensorflow-intel", "tf-nightly"):
         try:
             version = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             continue
         major, minor = (int(p) if p.isdigit() else 0 for p in (version.split(".") + ["0"])[:2])
-        return "clamped" if (major, minor) < (2, 20) else "polevl"
-    return "polevl"
+        return major, minor
+    return None
+
+
+def tf_form() -> str:
+    """The form the installed tensorflow's erf takes ("polevl" when no tensorflow is installed)."""
+    version = tf_version()
+    return "clamped" if version is not None and version < (2, 20) else "polevl"
 
 
 @_jit.jit

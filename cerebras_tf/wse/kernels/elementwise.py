@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from cerebras_tf.amp import get_half_dtype
-from cerebras_tf.wse.kernels import _jit
+from cerebras_tf.wse.kernels import _jit, eigen_erfc
 from cerebras_tf.wse.kernels._registry import KernelContext, KernelFn, np_dtype, register
 from cerebras_tf.wse.kernels.eigen_erf import erf_float32
 from cerebras_tf.wse.kernels.half import round_half
@@ -75,7 +75,6 @@ _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "exp": np.exp,
     "log": np.log,
     "log1p": np.log1p,
-    "erfc": _same(_erfc),  # tf.nn.gelu's exact form on TF >= 2.16: 0.5 * x * erfc(-x / sqrt(2))
     "tanh": np.tanh,
     "sigmoid": lambda x: _same(lambda y: 1.0 / (1.0 + np.exp(-y.astype(np.float64))))(x),
     "relu6": lambda x: np.minimum(np.maximum(x, np.zeros((), x.dtype)), np.asarray(6, x.dtype)),
@@ -114,15 +113,29 @@ for _kind, _unary_fn in _UNARY.items():
     register(_kind)(_make_unary(_unary_fn))
 
 
+def _float32_or(x: np.ndarray, float32_fn: Callable[[np.ndarray], np.ndarray] | None,
+                fallback: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """float32_fn(x) for float32 x (when there is one), else fallback through float64, rounded back."""
+    x = np.asarray(x)
+    if x.dtype == np.float32 and float32_fn is not None:
+        return float32_fn(x)
+    with np.errstate(all="ignore"):
+        return _same(fallback)(x)
+
+
 @register("erf")
 def erf(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
     """tf.math.erf: on float32 TF's own Eigen approximation, bit for bit (eigen_erf); other dtypes through
     float64 (scipy) rounded back."""
-    x = np.asarray(inputs[0])
-    if x.dtype == np.float32:
-        return [erf_float32(x)]
-    with np.errstate(all="ignore"):
-        return [_same(_erf)(x)]
+    return [_float32_or(inputs[0], erf_float32, _erf)]
+
+
+@register("erfc")
+def erfc(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    """tf.math.erfc (tf.nn.gelu's exact form on TF >= 2.16: 0.5 * x * erfc(-x / sqrt(2))): on float32 TF's
+    bits (eigen_erfc: libm's erfcf or Eigen's approximation, by TF version); other dtypes, and float32 where
+    eigen_erfc has no form (Eigen's off x86-64), through float64 (scipy) rounded back."""
+    return [_float32_or(inputs[0], eigen_erfc.erfc_float32 if eigen_erfc.FORM else None, _erfc)]
 
 
 @register("leaky_relu")
