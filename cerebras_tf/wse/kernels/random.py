@@ -7,8 +7,8 @@ would have), different every step. When seed == seed2 == 0 (TF: "no seed"),
 the context's `salt` (the executor passes the kernel id) is mixed in so
 unseeded kernels in one program do not share a stream.
 
-random_uniform (dropout's masks: the one random kernel in a training step) is
-TF's stateless uniform, bit for bit: Philox4x32-10 from a key and a 128-bit
+random_uniform (dropout's masks: the random kernel the zoo's training steps
+run) is TF's stateless uniform, bit for bit: Philox4x32-10 from a key and a 128-bit
 counter that the SeedSequence gives (`stream`), its words turned into floats
 as TF does (`philox_uniform` equals tf.raw_ops.StatelessRandomUniformV2 with
 that key and counter). Its numba loop runs 64 counters at a time (vectorised:
