@@ -41,6 +41,8 @@ _MIN_PER_THREAD = 1 << 18  # numbers per thread before the loop splits (compute-
 _M0, _M1 = 0xD2511F53, 0xCD9E8D57  # round multipliers
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85  # key schedule increments
 _ROUNDS = 10
+_WORD = 0xFFFFFFFF  # a 32-bit word of the counter, the key or the output
+_MANTISSA, _ULP = 0x7FFFFF, 2.0 ** -23  # TF's Uint32ToFloat: a word's low 23 bits, times 2^-23
 
 
 def _seed_sequence(attrs: Mapping[str, Any], ctx: KernelContext) -> np.random.SeedSequence:
@@ -68,7 +70,7 @@ def _philox_uniform_loop(key: np.uint64, low: np.uint64, high: np.uint64, out: n
     """out[4b:4b + 4] = the floats of Philox4x32-10's block for counter (high:low) + b, for b in [lo, hi):
     _LANES counters at a time, each round over all lanes (loops LLVM vectorises)."""
     m0, m1, w0, w1 = np.uint64(_M0), np.uint64(_M1), np.uint64(_W0), np.uint64(_W1)
-    mask, s32, mantissa, ulp = np.uint64(0xFFFFFFFF), np.uint64(32), np.uint64(0x7FFFFF), np.float32(2.0 ** -23)
+    mask, s32, mantissa, ulp = np.uint64(_WORD), np.uint64(32), np.uint64(_MANTISSA), np.float32(_ULP)
     a0, a1 = np.empty(_LANES, np.uint64), np.empty(_LANES, np.uint64)
     a2, a3 = np.empty(_LANES, np.uint64), np.empty(_LANES, np.uint64)
     for start in range(lo, hi, _LANES):
@@ -95,18 +97,18 @@ def _philox_uniform_loop(key: np.uint64, low: np.uint64, high: np.uint64, out: n
 
 def _philox_uniform_numpy(key: int, low: int, high: int, blocks: int) -> np.ndarray:
     """_philox_uniform_loop's numbers for blocks [0, blocks), by numpy (uint64 arrays, one per word)."""
-    mask, s32 = np.uint64(0xFFFFFFFF), np.uint64(32)
+    mask, s32 = np.uint64(_WORD), np.uint64(32)
     with np.errstate(over="ignore"):
         c_low = np.uint64(low) + np.arange(blocks, dtype=np.uint64)
         c_high = np.uint64(high) + (c_low < np.uint64(low)).astype(np.uint64)
         c0, c1, c2, c3 = c_low & mask, c_low >> s32, c_high & mask, c_high >> s32
-        k0, k1 = key & 0xFFFFFFFF, key >> 32
+        k0, k1 = key & _WORD, key >> 32
         for _ in range(_ROUNDS):
             p0, p1 = np.uint64(_M0) * c0, np.uint64(_M1) * c2
             c0, c1, c2, c3 = (p1 >> s32) ^ c1 ^ np.uint64(k0), p1 & mask, (p0 >> s32) ^ c3 ^ np.uint64(k1), p0 & mask
-            k0, k1 = (k0 + _W0) & 0xFFFFFFFF, (k1 + _W1) & 0xFFFFFFFF
+            k0, k1 = (k0 + _W0) & _WORD, (k1 + _W1) & _WORD
     words = np.stack([c0, c1, c2, c3], axis=1).reshape(-1)
-    return (words & np.uint64(0x7FFFFF)).astype(np.float32) * np.float32(2.0 ** -23)
+    return (words & np.uint64(_MANTISSA)).astype(np.float32) * np.float32(_ULP)
 
 
 def philox_uniform(size: int, key: int, counter: tuple[int, int]) -> np.ndarray:
