@@ -26,16 +26,21 @@ it (the transformer's weight gradients) fills the other core. Each unit
 computes what it would one at a time: results are bit-identical whatever the
 schedule, and the same from run to run. A tensor is dropped when every unit of the phase that
 reads it has finished (its last use is in this phase and it is not kept).
-A kernel started beside another does not split its work (threads.split_range),
-and OpenBLAS runs on one thread while the executor runs on several
+OpenBLAS runs on one thread while the executor runs on several
 (threads.one_blas_thread: its idle threads would otherwise spin on the cores
-the executor's threads need). The cores are oversubscribed in one case: a
-kernel that split while it ran alone keeps its split when another starts
-beside it (the zoo transformer: a fifth of its step with three threads on two
-cores). Measured in one process against this schedule, having the second
-wait for the split to end was no faster, and, with that wait, letting a long
-kernel split beside a short one (a quarter of its estimated time or less) was
-15% slower. A unit that
+the executor's threads need). A kernel that splits its work (threads.split_range:
+big matmuls, pooling, batch norm; a compiled chain's loop started beside another
+kernel) cuts it into blocks that the run's threads share: its own thread takes
+them one by one, and a thread that comes free takes one too when the kernel's
+rank is at least that of every ready unit. A block is the same work whichever
+thread does it, so the bits stay those of one kernel at a time; and no third
+thread competes for the two cores, as a split on a pool's thread did beside
+kernels started after it. The zoo transformer's median times over a traced step
+(a pool's split, then shared blocks): layer 1's query matmul 3.3 ms (its split
+beside the key and value matmuls), then 0.9-1.0; layer 0's attention output
+matmul 2.2 ms (unsplit, started beside a short unit), then 1.3-1.6. Its steps,
+alternating in one process, took 0.94-1.0x the time (median 0.98x over five
+runs). A unit that
 raises stops the start of every later unit; the units before it finish, and
 the error of the first in program order is raised.
 """
@@ -216,6 +221,21 @@ def _ensure_helpers(count: int) -> None:
             _helpers.append(thread)
 
 
+class _SharedWork:
+    """A running kernel's range cut into blocks (threads.split_range) that the run's free threads take, one at
+    a time, beside the kernel's own thread (which takes them too, and returns once every block is done)."""
+
+    def __init__(self, bounds: Sequence[int], work: Callable[[int, int], object], rank: float) -> None:
+        self.bounds, self.work, self.rank = bounds, work, rank
+        self.taken = 0  # blocks handed out
+        self.busy = 0  # blocks handed out and not finished
+        self.error: BaseException | None = None
+
+    @property
+    def blocks(self) -> int:
+        return len(self.bounds) - 1
+
+
 class _Run:
     """One run of a schedule: the ready units and what is running, shared by the threads under one lock."""
 
@@ -232,45 +252,106 @@ class _Run:
         self.idle = 0  # threads waiting for a unit
         self.stop_at = len(self.waits)  # after an error: units from here on are not started
         self.errors: dict[int, BaseException] = {}
+        self.shared: list[_SharedWork] = []  # running kernels' blocks not yet handed out
         self.broken: BaseException | None = None  # what stopped a thread outside any unit
 
     def work(self) -> None:
         """Take ready units, the highest rank first (then program order), and run them until none is left or
-        can come."""
-        index, result = -1, None
-        try:
-            while True:
-                with self.lock:
-                    if index >= 0:
-                        self.running -= 1
-                        self._settle(index, result)
-                    index = self._take()
-                    if index < 0:
-                        return
-                    self.running += 1
-                    threads.kernels_beside(self.running - 1)
-                try:
-                    result = self.compute(index)
-                except Exception as error:  # noqa: BLE001 - raised by `run`, after the earlier units have finished
-                    result = _Failed(error)
-        except BaseException as error:  # e.g. KeyboardInterrupt, or a bug in complete/drop: start nothing more
-            self.broken = self.broken or error
-            self.stop()
-            raise
+        can come; in between, blocks of a running kernel that shares them (`_share`) when its rank is at
+        least that of every ready unit."""
+        index, result, rank = -1, None, [0.0]
+        job: _SharedWork | None = None
+        block = 0
+        with threads.sharing(lambda bounds, fn: self._share(bounds, fn, rank[0])):
+            try:
+                while True:
+                    with self.lock:
+                        if index >= 0:
+                            self.running -= 1
+                            self._settle(index, result)
+                            index = -1
+                        taken = self._take()
+                        if taken is None:
+                            return
+                        if isinstance(taken, _SharedWork):
+                            job, block = taken, self._hand_out(taken)
+                        else:
+                            index = taken
+                            self.running += 1
+                            threads.kernels_beside(self.running - 1)
+                    if job is not None:
+                        self._run_block(job, block)
+                        job = None
+                        continue
+                    rank[0] = self.rank[index]
+                    try:
+                        result = self.compute(index)
+                    except Exception as error:  # noqa: BLE001 - raised by `run`, after the earlier units have finished
+                        result = _Failed(error)
+            except BaseException as error:  # e.g. KeyboardInterrupt, or a bug in complete/drop: start nothing more
+                self.broken = self.broken or error
+                self.stop()
+                raise
 
-    def _take(self) -> int:
-        """The next unit to start (under the lock; waits while others run and none is startable), or -1."""
+    def _take(self) -> int | _SharedWork | None:
+        """The next unit to start, or a running kernel's blocks to help with (under the lock; waits while
+        others run and neither is there), or None: nothing runs and nothing can become ready."""
         while True:
-            while self.ready:
+            job = max(self.shared, key=lambda j: j.rank) if self.shared else None
+            while self.ready and (job is None or -self.ready[0][0] > job.rank):
                 _, index = heapq.heappop(self.ready)
                 if index < self.stop_at:
                     return index
+            if job is not None:
+                return job
             if not self.running:
                 self.lock.notify_all()  # nothing runs, nothing can become ready: every thread is done
-                return -1
+                return None
             self.idle += 1
             self.lock.wait()
             self.idle -= 1
+
+    def _hand_out(self, job: _SharedWork) -> int:
+        """The next block of `job` (under the lock); the job leaves the shared list with its last block."""
+        block = job.taken
+        job.taken += 1
+        job.busy += 1
+        if job.taken == job.blocks:
+            self.shared.remove(job)
+        return block
+
+    def _run_block(self, job: _SharedWork, block: int) -> None:
+        """Run one block of `job` (outside the lock); its error is the job's, raised by the kernel's thread."""
+        try:
+            job.work(job.bounds[block], job.bounds[block + 1])
+        except BaseException as error:  # noqa: BLE001 - the kernel's own thread raises it (and an interrupt here)
+            job.error = job.error or error
+            if not isinstance(error, Exception):
+                raise
+        finally:
+            with self.lock:
+                job.busy -= 1
+                if not job.busy and job.taken == job.blocks:
+                    self.lock.notify_all()  # the kernel's thread may wait for this block
+
+    def _share(self, bounds: Sequence[int], work: Callable[[int, int], object], rank: float) -> None:
+        """threads.split_range on one of this run's threads (running a unit of rank `rank`): every block of
+        `bounds` done by this thread and any that comes free; returns when all are done."""
+        job = _SharedWork(bounds, work, rank)
+        with self.lock:
+            self.shared.append(job)
+            if self.idle:
+                self.lock.notify_all()
+        while True:
+            with self.lock:
+                if job.taken == job.blocks:
+                    while job.busy:
+                        self.lock.wait()
+                    break
+                block = self._hand_out(job)
+            self._run_block(job, block)
+        if job.error is not None:
+            raise job.error
 
     def _settle(self, index: int, result: Any) -> None:
         schedule = self.schedule

@@ -4,16 +4,17 @@ TensorFlow runs its elementwise kernels on an intra-op thread pool; the
 simulator does the same for the few memory-bound passes that dominate a step
 (half-precision rounding, fused optimizer updates). Results are identical to
 a single-threaded run: every element is computed by the same ufuncs, only in
-disjoint slices. While the executor runs kernels side by side (wse/dataflow.py),
-no kernel starts a split: each of its threads already keeps a core busy (one
-that split while it ran alone keeps its split: see wse/dataflow.py).
+disjoint slices.
 
 Two ways to split: `split_range` hands Python work to a pool thread (a hand-off
 costs 70-90 us on this project's 2-core VM, benchmarks/handoff_bench.py), and
 `run_loop` runs a compiled loop's parallel version (the chains', wse/chains.py)
 on numba's own threads (OpenMP or TBB), which wait for work without the GIL,
 spinning for a few milliseconds after each loop: a hand-off there costs a few
-microseconds, so loops of 128K elements already gain.
+microseconds, so loops of 128K elements already gain. While the executor runs
+kernels side by side (wse/dataflow.py), split_range, and run_loop beside another
+kernel, cut the work into blocks the executor's own threads share (`sharing`):
+a thread that comes free joins in, and no pool thread competes for the cores.
 """
 from __future__ import annotations
 
@@ -101,9 +102,47 @@ def kernels_beside(count: int) -> None:
     _beside = count
 
 
+# While the executor runs kernels side by side, split_range cuts a kernel's range into at most this many blocks
+# per core, which its threads take as they come free (wse/dataflow.py). More blocks balance a late joiner better,
+# but each sgemm block packs its other operand again: 1024x256x1024 on one thread took 5.34 ms whole, 5.59 in
+# four row blocks and 5.92 in eight.
+SHARED_BLOCKS_PER_THREAD = 2
+
+_local = threading.local()  # .share: the executor run's hook for sharing a kernel's blocks (sharing)
+
+
+@contextlib.contextmanager
+def sharing(share: Callable[[Sequence[int], Callable[[int, int], object]], None]) -> Iterator[None]:
+    """Within the block, split_range on this thread hands its blocks to `share(bounds, work)`, which calls
+    `work(bounds[i], bounds[i + 1])` for every block, on whichever of the executor's threads is free."""
+    previous = getattr(_local, "share", None)
+    _local.share = share
+    try:
+        yield
+    finally:
+        _local.share = previous
+
+
+def _local_share(size: int, work: Callable[[int, int], object], min_per_thread: int) -> bool:
+    """Whether `work` over range(size) was done here, in blocks the executor's threads share (`sharing`): one
+    when it is too small to cut."""
+    share = getattr(_local, "share", None)
+    if share is None:
+        return False
+    blocks = min(SHARED_BLOCKS_PER_THREAD * host_threads(), size // max(min_per_thread, 1))
+    if blocks > 1:
+        share([size * i // blocks for i in range(blocks + 1)], work)
+    else:
+        work(0, size)
+    return True
+
+
 def split_range(size: int, work: Callable[[int, int], object], min_per_thread: int = MIN_ELEMENTS_PER_THREAD) -> None:
     """Call `work(lo, hi)` over disjoint slices covering range(size), in parallel when `size` is at least
-    `min_per_thread` per thread and no other kernel runs beside this one."""
+    `min_per_thread` per thread: in blocks the executor's threads share while it runs kernels side by side
+    (`sharing`), else when no other kernel runs beside this one, one slice per core on a pool's threads."""
+    if _local_share(size, work, min_per_thread):
+        return
     parts = min(host_threads(), size // min_per_thread)
     if parts > 1 and _beside:
         parts = 1
@@ -214,14 +253,15 @@ def run_loop(loop: Callable[..., None], parallel_loop: Callable[..., None], arra
     """`loop(*arrays, 0, size)`, a numba loop over range(size) that writes each index's own outputs, or, when
     loop_parts says so, `parallel_loop(state, parts, 0, size, *arrays)`: a numba function (parallel=True) that
     runs the loop over `parts` disjoint slices of the range on numba's threads, each thread flushing denormals
-    as `state` (the calling thread's denormals.mxcsr(), 0 for none) says (denormals.enter_in_loop). The same
-    bits either way."""
+    as `state` (the calling thread's denormals.mxcsr(), 0 for none) says (denormals.enter_in_loop); beside
+    another kernel, within the executor's `sharing`, `loop(*arrays, lo, hi)` over blocks its threads share. The
+    same bits every way."""
     parts = loop_parts(size, min_per_thread)
     if parts > 1:
         # this thread's team: no more of numba's threads than parts (the others would only spin)
         _numba.set_num_threads(min(parts, _numba.config.NUMBA_NUM_THREADS))
         parallel_loop(denormals.mxcsr() or 0, parts, 0, size, *arrays)
-    else:
+    elif not (_beside and _local_share(size, lambda lo, hi: loop(*arrays, lo, hi), min_per_thread)):
         loop(*arrays, 0, size)
 
 

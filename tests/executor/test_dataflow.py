@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -117,6 +118,77 @@ def test_units_run_side_by_side_and_blas_keeps_one_thread_meanwhile():
         dataflow.run(Schedule.build(units, set()), compute, lambda i, r: None, lambda t: None, 2)
     assert blas_threads and set(blas_threads) == {1}
     assert [info["num_threads"] for info in threadpoolctl.threadpool_info() if info["user_api"] == "blas"] == before
+
+
+def test_a_split_kernels_blocks_are_shared_by_the_free_thread(monkeypatch):
+    """A kernel's split_range inside a side-by-side run: its range in blocks (2 per core), every block once,
+    and the idle thread takes some of them."""
+    monkeypatch.setattr(threads, "host_threads", lambda: 2)
+    done: list[tuple[int, int, str]] = []
+    lock = threading.Lock()
+
+    def work(lo: int, hi: int) -> None:
+        time.sleep(0.02)  # long enough for the other thread to wake and join
+        with lock:
+            done.append((lo, hi, threading.current_thread().name))
+
+    units = [Access(reads=[], outputs=[0], cost=1.0), Access(reads=[], outputs=[1])]  # two: a helper thread runs
+    dataflow.run(Schedule.build(units, set()), lambda i: threads.split_range(100, work, 10) if i == 0 else None,
+                 lambda i, r: None, lambda t: None, 2)
+    assert sorted((lo, hi) for lo, hi, _ in done) == [(0, 25), (25, 50), (50, 75), (75, 100)]
+    assert len({name for _, _, name in done}) == 2
+    assert not hasattr(threads._local, "share") or threads._local.share is None  # nothing shared after the run
+
+
+def test_an_error_in_a_shared_block_is_its_kernels_error_and_every_block_finishes(monkeypatch):
+    monkeypatch.setattr(threads, "host_threads", lambda: 2)
+    done: list[int] = []
+
+    def work(lo: int, hi: int) -> None:
+        time.sleep(0.01)
+        if lo == 25:
+            raise ValueError("block 25:50 refused")
+        done.append(lo)
+
+    units = [Access(reads=[], outputs=[0]), Access(reads=[0], outputs=[1])]
+    later: list[int] = []
+
+    def compute(index: int) -> None:
+        if index == 0:
+            threads.split_range(100, work, 10)
+        else:
+            later.append(index)
+    with pytest.raises(ValueError, match="block 25:50 refused"):
+        dataflow.run(Schedule.build(units, set()), compute, lambda i, r: None, lambda t: None, 2)
+    assert sorted(done) == [0, 50, 75] and later == []
+
+
+@pytest.mark.parametrize("shape,attrs", [((512, 256, 512), {}), ((100, 300, 1000), {}), ((37, 512, 999), {}),
+                                         ((513, 257, 129), {"transpose_a": True})])
+def test_a_matmul_in_shared_blocks_gives_the_bits_of_the_whole_product(shape, attrs, monkeypatch):
+    """Blocks of rows (or columns) of one single-threaded sgemm, whichever thread runs them, are the whole
+    product's bits on one thread (as the pool's two halves were)."""
+    from cerebras_tf.wse.kernels import host_numpy
+
+    m, k, n = shape
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((k, m) if attrs.get("transpose_a") else (m, k), dtype=np.float32)
+    b = rng.standard_normal((k, n), dtype=np.float32)
+    blocks: list[int] = []
+    share = dataflow._Run._share
+
+    def counted(self, bounds, work, rank):
+        blocks.append(len(bounds) - 1)
+        share(self, bounds, work, rank)
+    monkeypatch.setattr(dataflow._Run, "_share", counted)
+    with threads.one_blas_thread():
+        expected = (a.T if attrs.get("transpose_a") else a) @ b
+        got: list[np.ndarray] = []
+        dataflow.run(Schedule.build([Access(reads=[], outputs=[0]), Access(reads=[], outputs=[1])], set()),
+                     lambda i: host_numpy.matmul([a, b], attrs) if i == 0 else None,
+                     lambda i, r: got.append(r) if i == 0 else None, lambda t: None, 2)
+    assert blocks and blocks[0] > 2  # cut finer than the pool's halves
+    np.testing.assert_array_equal(got[0], expected)
 
 
 def test_the_thread_counts_come_from_the_environment(monkeypatch):

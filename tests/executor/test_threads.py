@@ -136,3 +136,38 @@ def test_numbas_idle_openmp_threads_do_not_spin_on_a_core_between_loops():
     assert worker_seconds() <= 0.05
     if platform.machine() in ("x86_64", "AMD64"):  # (where a spin round is a `pause`: tens of cycles)
         assert worker_seconds(GOMP_SPINCOUNT="300000") >= 0.08  # the control: the measure sees a spinning worker
+
+
+def test_a_loop_beside_another_kernel_goes_to_the_executors_shared_blocks(monkeypatch):
+    """Within the executor's sharing: split_range always hands over its blocks (2 per core); run_loop only
+    beside another kernel (alone, numba's threads take its parts), as `loop(*arrays, lo, hi)` per block."""
+    monkeypatch.setattr(threads, "host_threads", lambda: 2)
+    monkeypatch.setattr(threads, "_loop_threads", False)  # alone: the loop on this thread, not numba's
+    shared: list[list[int]] = []
+    calls: list[tuple[int, int]] = []
+
+    def share(bounds, work):
+        shared.append(list(bounds))
+        for lo, hi in zip(bounds, bounds[1:]):
+            work(lo, hi)
+
+    def loop(out, lo, hi):
+        calls.append((lo, hi))
+        out[lo:hi] = np.arange(lo, hi)
+
+    out = np.zeros(1000)
+    with threads.sharing(share):
+        threads.run_loop(loop, None, [out], out.size, min_per_thread=100)
+        assert shared == [] and calls == [(0, 1000)]
+        threads.kernels_beside(1)
+        try:
+            threads.run_loop(loop, None, [out], out.size, min_per_thread=100)
+            threads.run_loop(loop, None, [out], 150, min_per_thread=100)  # too small to cut: whole
+        finally:
+            threads.kernels_beside(0)
+        threads.split_range(1000, lambda lo, hi: calls.append((lo, hi)), 400)
+    assert shared == [[0, 250, 500, 750, 1000], [0, 500, 1000]]
+    assert calls == [(0, 1000), (0, 250), (250, 500), (500, 750), (750, 1000), (0, 150), (0, 500), (500, 1000)]
+    np.testing.assert_array_equal(out, np.arange(1000))
+    threads.split_range(1000, lambda lo, hi: calls.append((lo, hi)), 400)  # outside: the pool's split
+    assert shared == [[0, 250, 500, 750, 1000], [0, 500, 1000]]

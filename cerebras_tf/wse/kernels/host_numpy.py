@@ -25,7 +25,7 @@ MIN_SPLIT_PRODUCTS = 1 << 22
 def matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
     """MatMul(a, b) with transpose_a / transpose_b. While OpenBLAS is held to one thread (the executor's
     steps), a big float product is cut into row (or column) blocks across the host's threads
-    (threads.split_range: only when no other kernel runs beside it); each block is the same single-threaded
+    (threads.split_range: shared by the executor's threads); each block is the same single-threaded
     sgemm on a slice, so the bits are those of the whole product on one thread (OpenBLAS's own threads sum
     some shapes in another order: 256x784x500 differs)."""
     a, b = inputs
