@@ -84,13 +84,14 @@ class ThreadChoice:
     matmuls (the MLP) has little else to run beside them; one at a time, OpenBLAS uses every core. The
     results are the same bits either way, so only the time decides: after WARMUP steps (numba compiles,
     caches and malloc's heap fill: the zoo CNN's steps still shrink from 45 to 30 ms over its first six), the
-    candidates take turns for TRIALS steps each, and the one with the lowest median step time is kept. (With
-    two warm-up steps the CNN kept two threads in one run of three, at 33 ms a step against one thread's 29. With
-    five trials each the zoo transformer kept one thread or two from run to run, where two were 2-7% faster
-    measured alternating in one process: a median of five steps varying by 10% misses such a difference.)"""
+    candidates take turns, one step each per round, for TRIALS rounds, and the one whose steps took the lowest
+    median share of the first candidate's step in the same round is kept (the smaller count on a tie). A
+    round's steps run within a few hundred milliseconds, so a slow spell of the machine slows both alike:
+    comparing the two medians of nine steps instead, the zoo transformer kept one thread in 2 processes of 11,
+    where two (splitting kernels into shared blocks) were 5-9% faster, its steps' quartiles 5% apart."""
 
     WARMUP = 6
-    TRIALS = 9
+    TRIALS = 12
 
     def __init__(self, candidates: Sequence[int]) -> None:
         self.candidates = tuple(candidates)
@@ -114,7 +115,12 @@ class ThreadChoice:
             self._times[count].append(seconds)
         self._steps += 1
         if all(len(times) >= self.TRIALS for times in self._times.values()):
-            self.chosen = min(self.candidates, key=lambda c: (sorted(self._times[c])[len(self._times[c]) // 2], c))
+            first = self._times[self.candidates[0]]
+
+            def median_share(c: int) -> float:
+                shares = sorted(t / max(f, 1e-12) for t, f in zip(self._times[c], first))
+                return shares[len(shares) // 2]
+            self.chosen = min(self.candidates, key=lambda c: (median_share(c), c))
 
 
 @dataclasses.dataclass(frozen=True)

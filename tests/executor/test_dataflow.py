@@ -221,6 +221,21 @@ def test_the_choice_keeps_the_count_whose_steps_were_faster():
     assert dataflow.ThreadChoice((2,)).chosen == 2  # a count given: nothing measured
 
 
+def test_the_choice_compares_the_steps_of_one_round():
+    """A slow spell of the machine that hits two one-thread steps more than two-thread ones does not make two
+    threads look faster: each round's steps are compared with each other."""
+    choice = dataflow.ThreadChoice((1, 2))
+    trials = dataflow.ThreadChoice.TRIALS
+    slow = {1: set(range(trials // 2 + 1)), 2: set(range(trials // 2 - 1))}  # rounds a spell slowed
+    for _ in range(dataflow.ThreadChoice.WARMUP):
+        choice.record(choice.next(), 0.0)
+    for step in range(2 * trials):
+        count, round_ = choice.next(), step // 2
+        choice.record(count, (0.010 if count == 1 else 0.0105) * (3 if round_ in slow[count] else 1))
+    assert sorted(choice._times[2])[trials // 2] < sorted(choice._times[1])[trials // 2]  # the medians mislead
+    assert choice.chosen == 1
+
+
 _SMALL_TRANSFORMER = {"batch_size": 4, "vocab_size": 300, "hidden_size": 64, "num_layers": 2, "num_heads": 2,
                       "intermediate_size": 128, "seq_length": 32, "max_predictions": 5, "num_examples": 16}
 
