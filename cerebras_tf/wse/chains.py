@@ -4,10 +4,11 @@
 exactly rounded both in numpy and in a numba loop (add, sub, mul, div, neg, abs, square, sqrt,
 reciprocal, rsqrt as 1/sqrt, maximum, minimum, squared_difference, select, comparisons, logical ops,
 relu, bias_add (channels last), add_n, pow by a constant 0.5/2/3/-1 (as elementwise._pow rewrites it),
-the gradients of tanh, sigmoid, rsqrt, sqrt, reciprocal and relu, the executor's `to_half` rounding, and a
+the gradients of tanh, sigmoid, rsqrt, sqrt, reciprocal and relu, tanh itself (TF's rational form,
+kernels/eigen_tanh.py: exactly rounded operations too), the executor's `to_half` rounding, and a
 tile along size-1 axes only, which is a broadcast: the loop reads its input as a column, row or scalar),
-so one pass over memory gives the same bits as the kernels one by one. Not exp/log/tanh/erf and the like:
-numpy's SIMD versions differ from libm's in the last bit.
+so one pass over memory gives the same bits as the kernels one by one. Not exp/log/erf and the like:
+numpy's SIMD versions differ from libm's in the last bit, and erf's loop is not written as a chain's.
 
 A chain's members all have one output shape; each of its external inputs has that shape (or its size),
 is a scalar, a row [cols] or a column [rows, 1] of the output's 2-D view (cols = last dim), or rows that
@@ -47,7 +48,7 @@ import numpy as np
 from cerebras_tf import ir
 from cerebras_tf.amp import FLOAT32_MODE, half_format
 from cerebras_tf.wse import denormals as _denormals
-from cerebras_tf.wse.kernels import _jit
+from cerebras_tf.wse.kernels import _jit, eigen_tanh
 from cerebras_tf.wse.kernels import half as _half
 from cerebras_tf.wse.kernels._registry import KernelContext, KernelFn
 from cerebras_tf.wse.memory import empty_aligned
@@ -86,7 +87,7 @@ _GRAD = {"tanh_grad": ["{o}q = {0} * {0}", "{o}d = np.float32(1.0) - {o}q", "{o}
          "reciprocal_grad": ["{o} = ((-{0}) * {0}) * {1}"],
          "relu_grad": ["{o} = {0} if {1} > np.float32(0.0) else np.float32(0.0)"]}  # the numba loop's
 KINDS = frozenset({*_BINARY, *_UNARY, *_COMPARE, *_LOGICAL, *_GRAD, "rsqrt", "squared_difference", "select",
-                   "add_n", "pow", "to_half", "tile"})
+                   "add_n", "pow", "to_half", "tile", "tanh"})
 # Kinds whose kernel takes several passes over memory (numpy temporaries): a loop of their own even alone (a
 # layer norm's squared_difference against its row means: 0.21 -> 0.03 ms at 1024x256)
 SINGLE_KINDS = frozenset({"squared_difference", "rsqrt", "cube", "tanh_grad", "sigmoid_grad", "rsqrt_grad",
@@ -189,7 +190,7 @@ def _member(kernel: ir.Kernel, tensors: Sequence[ir.Tensor], constants: Mapping[
             return None
         op = _POW.get(float(exponent.reshape(-1)[0]))
         return None if op is None else _Op(kernel, op, [kernel.inputs[0]])
-    arity = {"to_half": 1, "tile": 1, "rsqrt": 1, "squared_difference": 2, "select": 3}.get(kind)
+    arity = {"to_half": 1, "tile": 1, "rsqrt": 1, "tanh": 1, "squared_difference": 2, "select": 3}.get(kind)
     if arity is None:
         arity = 1 if kind in _UNARY or kind == "logical_not" else 2
     if kind != "add_n" and len(kernel.inputs) != arity:
@@ -382,6 +383,8 @@ def _op_lines(op: _Op, args: list[str], out: str, half_dtype: str) -> list[str]:
         return [f"{out}s = np.sqrt({args[0]})", f"{out} = np.float32(1.0) / {out}s"]
     if kind == "squared_difference":
         return [f"{out}d = {args[0]} - {args[1]}", f"{out} = {out}d * {out}d"]
+    if kind == "tanh":  # TF's float32 form (kernels/eigen_tanh.py): a rational function of exactly rounded ops
+        return eigen_tanh.chain_lines(args[0], out)
     if kind == "cube":  # square(x) * x
         return [f"{out}q = {args[0]} * {args[0]}", f"{out} = {out}q * {args[0]}"]
     if kind == "select":

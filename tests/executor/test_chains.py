@@ -18,7 +18,7 @@ from cerebras_tf.wse import chains as chains_module
 from cerebras_tf.wse import denormals, threads
 from cerebras_tf.wse.chains import fuse_chains, use_chains
 from cerebras_tf.wse.executor import Executor
-from cerebras_tf.wse.kernels import KERNELS, KernelContext, _jit
+from cerebras_tf.wse.kernels import KERNELS, KernelContext, _jit, eigen_tanh
 from cerebras_tf.wse.kernels.half import round_half
 
 pytestmark = pytest.mark.skipif(not _jit.enabled(), reason="chains need numba's loops")
@@ -141,11 +141,22 @@ def test_each_binary_op_and_broadcast_gives_the_bits_of_the_kernel(kind, broadca
         _check_one_chain(b, keep={first})
 
 
-@pytest.mark.parametrize("kind", ["neg", "abs", "square", "sqrt", "reciprocal", "rsqrt", "relu"])
+@pytest.mark.parametrize("kind", ["neg", "abs", "square", "sqrt", "reciprocal", "rsqrt", "relu", "tanh"])
 def test_each_unary_op_gives_the_bits_of_the_kernel(kind):
     x, _ = _pairs((40, 23), "f")
     b = _Builder()
     first = b.kernel(kind, [b.tensor(x.shape, value=x)])
+    b.kernel("neg", [first])
+    _check_one_chain(b, keep={first})
+
+
+@pytest.mark.parametrize("form", eigen_tanh.FORMS)
+def test_tanh_in_either_of_tfs_forms_gives_the_bits_of_the_kernel(form, monkeypatch):
+    monkeypatch.setattr(eigen_tanh, "FORM", form)
+    x, _ = _pairs((40, 23), "f")
+    x.reshape(-1)[-8:] = [0.0004, -0.00039999998, 7.9053111, -7.90739, 9.0, 1e-38, -20.0, 0.3]
+    b = _Builder()
+    first = b.kernel("tanh", [b.tensor(x.shape, value=x)])
     b.kernel("neg", [first])
     _check_one_chain(b, keep={first})
 

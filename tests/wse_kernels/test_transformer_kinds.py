@@ -1,4 +1,4 @@
-"""The fast paths of the zoo transformer's memory-bound kinds (erf, erfc, select, one_hot, unsorted_segment_sum,
+"""The fast paths of the zoo transformer's memory-bound kinds (erf, erfc, tanh, select, one_hot, unsorted_segment_sum,
 add_n, softmax, log_softmax, add, assign_variable), numba loops and numpy code (`jit` fixture), against
 tf.raw_ops: bit for bit where the kernel matches TF's bits, else as the older tests check."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 from kernel_helpers import both_ways, check, run
 
-from cerebras_tf.wse.kernels import eigen_erf, eigen_erfc, elementwise
+from cerebras_tf.wse.kernels import eigen_erf, eigen_erfc, eigen_tanh, elementwise
 from cerebras_tf.wse.kernels import softmax as softmax_module
 
 R = tf.raw_ops
@@ -104,6 +104,47 @@ def test_erfc_form_follows_the_tf_version(version, form, monkeypatch):
     """libm's erfcf up to TF 2.19, Eigen's with the old reciprocal step in 2.20, the new one from 2.21."""
     monkeypatch.setattr(eigen_erfc, "tf_version", lambda: version)
     assert eigen_erfc.tf_form() == (form if eigen_erfc._X86 or form == "libm" else None)
+
+
+def _tanh_inputs(rng: np.random.Generator) -> np.ndarray:
+    """erf's inputs, and tanh's edges: either side of both forms' clamps and of the 13/6 form's cut at 0.0004."""
+    edges = [F(v) for v in (0.0004, 7.90531110763549805, 7.90738964080810547, 9.0, 8.0)]
+    near = [np.nextafter(v, w) for v in edges for w in (F(0), F(20))]
+    return np.concatenate([_erf_inputs(rng), edges, near, -np.array(edges + near, F)]).astype(F)
+
+
+def test_tanh_float32_is_tfs_bit_for_bit(jit, rng):
+    """TF's own Eigen approximation in the installed TF's form, subnormals read as zero as TF's; the last
+    size % 8 elements too (Eigen's scalar path)."""
+    x = _tanh_inputs(rng)
+    assert x.size % 8
+    _same_bits(run("tanh", [x])[0], R.Tanh(x=x).numpy())
+    matrix = x[:4096].reshape(64, 64)
+    _same_bits(run("tanh", [matrix])[0], R.Tanh(x=matrix).numpy())
+
+
+def test_tanh_forms_differ_and_only_the_installed_one_is_tfs(rng):
+    x = _tanh_inputs(rng)
+    theirs = R.Tanh(x=x).numpy()
+    for form in eigen_tanh.FORMS:
+        ours = eigen_tanh.tanh_float32(x, form)
+        _same_bits(ours, eigen_tanh.tanh_numpy(x, form))  # the loop and its numpy twin
+        same = (ours.view(np.uint32) == theirs.view(np.uint32)) | (np.isnan(ours) & np.isnan(theirs))
+        assert same.all() == (form == eigen_tanh.FORM), form
+    assert eigen_tanh.tf_form() == eigen_tanh.FORM
+
+
+@pytest.mark.parametrize("version, form", [((2, 15), "13/6"), ((2, 17), "13/6"), ((2, 18), "9/8"),
+                                           ((2, 21), "9/8"), ((3, 0), "9/8"), (None, "9/8")])
+def test_tanh_form_follows_the_tf_version(version, form, monkeypatch):
+    """Eigen's 13/6 form up to TF 2.17, its 9/8 form (August 2024) from 2.18."""
+    monkeypatch.setattr(eigen_tanh, "tf_version", lambda: version)
+    assert eigen_tanh.tf_form() == form
+
+
+def test_tanh_other_dtypes_keep_theirs(rng):
+    x = rng.normal(size=(5, 7)) * 3
+    check(run("tanh", [x])[0], R.Tanh(x=x), rtol=1e-12, atol=1e-15)
 
 
 def test_erfc_other_dtypes_keep_theirs(rng):

@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from cerebras_tf.amp import get_half_dtype
-from cerebras_tf.wse.kernels import _jit, eigen_erfc
+from cerebras_tf.wse.kernels import _jit, eigen_erfc, eigen_tanh
 from cerebras_tf.wse.kernels._registry import KernelContext, KernelFn, np_dtype, register
 from cerebras_tf.wse.kernels.eigen_erf import erf_float32
 from cerebras_tf.wse.kernels.half import round_half
@@ -75,7 +75,6 @@ _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "exp": np.exp,
     "log": np.log,
     "log1p": np.log1p,
-    "tanh": np.tanh,
     "sigmoid": lambda x: _same(lambda y: 1.0 / (1.0 + np.exp(-y.astype(np.float64))))(x),
     "relu6": lambda x: np.minimum(np.maximum(x, np.zeros((), x.dtype)), np.asarray(6, x.dtype)),
     "elu": lambda x: np.where(x < 0, np.expm1(x), x),
@@ -121,6 +120,17 @@ def _float32_or(x: np.ndarray, float32_fn: Callable[[np.ndarray], np.ndarray] | 
         return float32_fn(x)
     with np.errstate(all="ignore"):
         return _same(fallback)(x)
+
+
+@register("tanh")
+def tanh(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    """tf.math.tanh: on float32 TF's own Eigen approximation, bit for bit (eigen_tanh); other dtypes numpy's
+    tanh."""
+    x = np.asarray(inputs[0])
+    if x.dtype == np.float32:
+        return [eigen_tanh.tanh_float32(x)]
+    with np.errstate(all="ignore"):
+        return [np.tanh(x)]
 
 
 @register("erf")
