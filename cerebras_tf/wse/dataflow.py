@@ -273,9 +273,9 @@ class _Run:
                 while True:
                     with self.lock:
                         if index >= 0:
+                            done, index = index, -1
                             self.running -= 1
-                            self._settle(index, result)
-                            index = -1
+                            self._settle(done, result)
                         taken = self._take()
                         if taken is None:
                             return
@@ -295,6 +295,9 @@ class _Run:
                     except Exception as error:  # noqa: BLE001 - raised by `run`, after the earlier units have finished
                         result = _Failed(error)
             except BaseException as error:  # e.g. KeyboardInterrupt, or a bug in complete/drop: start nothing more
+                if index >= 0:  # raised by the unit this thread ran: it will not settle
+                    with self.lock:
+                        self.running -= 1
                 self.broken = self.broken or error
                 self.stop()
                 raise
@@ -348,14 +351,20 @@ class _Run:
             self.shared.append(job)
             if self.idle:
                 self.lock.notify_all()
-        while True:
+        try:
+            while True:
+                with self.lock:
+                    if job.taken == job.blocks:
+                        while job.busy:
+                            self.lock.wait()
+                        break
+                    block = self._hand_out(job)
+                self._run_block(job, block)
+        except BaseException:  # an interrupt in this thread's block: hand out no more
             with self.lock:
-                if job.taken == job.blocks:
-                    while job.busy:
-                        self.lock.wait()
-                    break
-                block = self._hand_out(job)
-            self._run_block(job, block)
+                if job in self.shared:
+                    self.shared.remove(job)
+            raise
         if job.error is not None:
             raise job.error
 

@@ -299,6 +299,52 @@ def test_a_failure_outside_the_units_is_raised_and_the_helpers_stay_usable():
     assert sorted(done) == list(range(6))
 
 
+def _run_in_a_thread(schedule: Schedule, compute, threads_to_use: int = 2) -> BaseException | None:
+    """dataflow.run on a daemon thread (so a hang fails the test instead of stopping the suite): what it raised."""
+    raised: list[BaseException | None] = [None]
+
+    def target() -> None:
+        try:
+            dataflow.run(schedule, compute, lambda i, r: None, lambda t: None, threads_to_use)
+        except BaseException as error:  # noqa: BLE001 - the test looks at it
+            raised[0] = error
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "the run hung"
+    return raised[0]
+
+
+@pytest.mark.parametrize("where", ["unit", "shared block"])
+def test_an_interrupt_in_a_unit_or_a_shared_block_stops_the_run_and_the_helpers_stay_usable(where, monkeypatch):
+    """A KeyboardInterrupt (Ctrl-C) inside a kernel on either thread: the run raises it instead of waiting
+    forever for the unit it abandoned, and no block of an interrupted split is handed out afterwards."""
+    monkeypatch.setattr(threads, "host_threads", lambda: 2)
+    started: list[int] = []
+
+    def work(lo: int, hi: int) -> None:
+        started.append(lo)
+        time.sleep(0.005)
+        if lo == 0:
+            raise KeyboardInterrupt
+
+    def compute(index: int) -> int:
+        time.sleep(0.005)
+        if index == 1:
+            if where == "unit":
+                raise KeyboardInterrupt
+            threads.split_range(1000, work, 1)
+        return index
+
+    units = [Access(reads=[], outputs=[i]) for i in range(6)]
+    assert isinstance(_run_in_a_thread(Schedule.build(units, set()), compute), KeyboardInterrupt)
+    if where == "shared block":
+        assert len(started) < 4  # the blocks after the interrupted one were not all run
+    done: list[int] = []
+    dataflow.run(Schedule.build(units, set()), lambda i: i, lambda i, r: done.append(i), lambda t: None, 2)
+    assert sorted(done) == list(range(6))
+
+
 def test_a_forked_child_starts_its_own_helpers():
     import multiprocessing
 
