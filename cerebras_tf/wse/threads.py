@@ -124,8 +124,8 @@ def sharing(share: Callable[[Sequence[int], Callable[[int, int], object]], None]
 
 
 def _local_share(size: int, work: Callable[[int, int], object], min_per_thread: int) -> bool:
-    """Whether `work` over range(size) was done here, in blocks the executor's threads share (`sharing`): one
-    when it is too small to cut."""
+    """Whether `work` over range(size) was done here, within the executor's `sharing`: in blocks its threads
+    share, or in one piece when too small to cut."""
     share = getattr(_local, "share", None)
     if share is None:
         return False
