@@ -25,6 +25,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 ENV_VAR = "CEREBRAS_TF_JIT"
 
+# The smallest normal float32: TF's threads read an input below it in magnitude as a zero of its sign (DAZ),
+# which the TF-exact loops (eigen_erf, eigen_erfc, eigen_tanh) do explicitly.
+FLOAT32_TINY = np.float32(np.finfo(np.float32).tiny)
+
 _numba: Any
 try:  # pragma: no cover - exercised by which stack is installed
     import numba as _numba

@@ -22,7 +22,7 @@ from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.threads import STREAMING_MIN_ELEMENTS_PER_THREAD, map_elementwise
 
 F = np.float32
-_TINY = F(np.finfo(np.float32).tiny)
+_TINY = _jit.FLOAT32_TINY
 _ONE = F(1)
 
 # "clamped": numerator (odd) and denominator (even) coefficients, highest power first.

@@ -38,7 +38,7 @@ from cerebras_tf.wse.kernels.eigen_erf import tf_version
 from cerebras_tf.wse.threads import MIN_ELEMENTS_PER_THREAD, map_elementwise
 
 F = np.float32
-_TINY = F(np.finfo(np.float32).tiny)
+_TINY = _jit.FLOAT32_TINY
 _ZERO, _ONE, _TWO = F(0), F(1), F(2)
 _CLAMP = F(11)
 _X2_MAX = _CLAMP * _CLAMP

@@ -27,7 +27,7 @@ from cerebras_tf.wse.threads import map_elementwise
 
 F = np.float32
 FORMS = ("13/6", "9/8")
-_TINY = F(np.finfo(np.float32).tiny)
+_TINY = _jit.FLOAT32_TINY
 
 # "13/6": numerator (odd, x^13 first) and denominator (even, x^6 first) coefficients, the clamp, the cut
 _A13 = tuple(F(c) for c in (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,

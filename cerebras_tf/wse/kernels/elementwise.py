@@ -126,11 +126,7 @@ def _float32_or(x: np.ndarray, float32_fn: Callable[[np.ndarray], np.ndarray] | 
 def tanh(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
     """tf.math.tanh: on float32 TF's own Eigen approximation, bit for bit (eigen_tanh); other dtypes numpy's
     tanh."""
-    x = np.asarray(inputs[0])
-    if x.dtype == np.float32:
-        return [eigen_tanh.tanh_float32(x)]
-    with np.errstate(all="ignore"):
-        return [np.tanh(x)]
+    return [_float32_or(inputs[0], eigen_tanh.tanh_float32, np.tanh)]
 
 
 @register("erf")
