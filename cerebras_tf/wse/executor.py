@@ -51,17 +51,19 @@ from cerebras_tf.amp import FLOAT32_MODE, GradScaler, get_half_dtype
 from cerebras_tf import ir
 from cerebras_tf.wse import chains as _chains
 from cerebras_tf.wse import dataflow, denormals, memory, threads
-from cerebras_tf.wse.fusion import WITH_KNOWN_MAXIMA, dense_groups, fused_pairs, known_maxima, rounding_pairs
+from cerebras_tf.wse.fusion import (WITH_KNOWN_MAXIMA, dense_groups, fused_pairs, known_maxima, lazy_transposes,
+                                    rounding_pairs, transposed_outputs)
 from cerebras_tf.wse.kernels import (DENSE_KINDS, KERNELS, NUMPY_HOST_KERNELS, HostKernels, KernelContext,
                                     KernelInputError, np_dtype)
 from cerebras_tf.wse.kernels._registry import KernelFn
+from cerebras_tf.wse.kernels.data import transpose_view
 from cerebras_tf.wse.kernels.fused import FUSED
 from cerebras_tf.wse.kernels.half import round_half, rounds_in_place
 from cerebras_tf.wse.kernels.linalg import provided_together
 
 # Kinds whose output may be a view of (or the same array as) an input.
 _MAY_ALIAS = frozenset({"reshape", "squeeze", "expand_dims", "unstack", "split", "split_v", "slice",
-                        "strided_slice", "cast", "to_half"})
+                        "strided_slice", "cast", "to_half", "transpose"})
 
 
 @dataclasses.dataclass
@@ -167,6 +169,14 @@ def dense_bound(program: ir.Program) -> bool:
     return dense > other
 
 
+def _laid_out(fn: KernelFn, perm: tuple[int, ...]) -> KernelFn:
+    """`fn` (a batch_matmul) asked to lay its result out for the transpose by `perm` that reads it
+    (fusion.transposed_outputs; a provider that takes no out_perm returns it contiguous)."""
+    def laid_out(inputs: list[np.ndarray], attrs: Mapping, ctx: KernelContext) -> list[np.ndarray]:
+        return fn(inputs, {**attrs, "out_perm": perm}, ctx)
+    return laid_out
+
+
 def _read_shared(inputs: list[np.ndarray], attrs: Mapping, ctx: KernelContext) -> list[np.ndarray]:
     """read_variable with no later write before its last use: the value is the variable itself."""
     return [ctx.variables[0]]
@@ -202,6 +212,10 @@ class Executor:
         self._readers = ir.readers(k for kernels in self._phases for k in kernels)  # in program order
         self._last_use = {tid: ids[-1] for tid, ids in self._readers.items()}  # readers are in program order
         self._known_maxima = known_maxima(k for kernels in self._phases for k in kernels)
+        self._lazy_transposes = lazy_transposes((k for kernels in self._phases for k in kernels), self._readers,
+                                                self._keep)
+        self._out_perms = transposed_outputs((k for kernels in self._phases for k in kernels), self._readers,
+                                             self._keep)
         self._shared_reads, self._views = self._reads_without_copy()
         self._shared_values = {program.kernels[i].outputs[0] for i in self._shared_reads}  # the variables' arrays
         self._scale: float | None = None
@@ -403,6 +417,10 @@ class Executor:
                 fn = _read_shared
             elif kernel.kind in ("gradient_seed", "to_half"):
                 fn = getattr(self, f"_{kernel.kind}")
+            elif kernel.id in self._lazy_transposes:
+                fn = transpose_view
+            elif kernel.id in self._out_perms:
+                fn = _laid_out(KERNELS[kernel.kind], self._out_perms[kernel.id])
             else:
                 fn = KERNELS[kernel.kind]
             ctx = KernelContext(variables=[self._variables[name] for name in kernel.vars], salt=kernel.id,

@@ -13,6 +13,10 @@ Two adjacent independent dense kernels (`dense_groups`: a convolution's input an
 call of a provider that takes kernels together (HostKernels.together: TensorFlow's executor runs them at once).
 A max_pool_grad whose orig_output is the max_pool of its orig_input (`known_maxima`, as in every gradient TF
 builds) reads the window maxima from it instead of taking them again (`WITH_KNOWN_MAXIMA`).
+Attention's transposes between the heads' layout and batch_matmul's are not copied where sgemm can read or
+write the matrices in place (its leading dimension): a transpose that only batch_matmuls read
+(`lazy_transposes`) hands on a view of its input, and a batch_matmul that only such transposes read
+(`transposed_outputs`) lays its result out so that the transpose is a view of contiguous memory.
 The program (its kernels, the report, the placement) is unchanged: fusion is how the simulator's host
 computes it.
 """
@@ -114,3 +118,60 @@ def known_maxima(kernels: Iterable[ir.Kernel]) -> set[int]:
             if pool is not None and pool.inputs[:1] == kernel.inputs[:1] and pool.attrs == kernel.attrs:
                 known.add(kernel.id)
     return known
+
+
+def _keeps_rows(perm: Sequence[int]) -> bool:
+    """A permutation of rank 3 or more that leaves the last axis last: each matrix of the permuted array is a
+    strided view with unit steps along its rows, which sgemm reads and writes in place."""
+    return len(perm) >= 3 and list(perm)[-1] == len(perm) - 1
+
+
+def _perm(kernel: ir.Kernel) -> tuple[int, ...]:
+    return tuple(int(p) for p in kernel.attrs.get("perm", ()))
+
+
+def lazy_transposes(kernels: Iterable[ir.Kernel], readers: Mapping[int, Sequence[int]],
+                    keep: Collection[int]) -> set[int]:
+    """Ids of the transposes among `kernels` (the whole program) that may hand on a view of their input
+    instead of a copy: unguarded, of a permutation that keeps rows (_keeps_rows), and every reader of the
+    output a batch_matmul, or a to_half (float32 numerics: its input itself) whose readers are so in turn;
+    no tensor on the way is kept."""
+    by_id = {k.id: k for k in kernels}
+
+    def only_batch_matmuls(tensor: int) -> bool:
+        reading = readers.get(tensor, ())
+        if tensor in keep or not reading:
+            return False
+        for r in reading:
+            kernel = by_id.get(r)
+            if kernel is None or kernel.guard is not None:
+                return False
+            if kernel.kind == "to_half":
+                if not only_batch_matmuls(kernel.outputs[0]):
+                    return False
+            elif kernel.kind != "batch_matmul":
+                return False
+        return True
+    return {k.id for k in by_id.values() if k.kind == "transpose" and k.guard is None and not k.vars
+            and _keeps_rows(_perm(k)) and only_batch_matmuls(k.outputs[0])}
+
+
+def transposed_outputs(kernels: Iterable[ir.Kernel], readers: Mapping[int, Sequence[int]],
+                       keep: Collection[int]) -> dict[int, tuple[int, ...]]:
+    """batch_matmul id -> the permutation its result is laid out for (host kernels' attrs["out_perm"]), among
+    `kernels` (the whole program): unguarded, writing no variable, its result not kept and read only by
+    unguarded transposes, all of one permutation that keeps rows (_keeps_rows)."""
+    by_id = {k.id: k for k in kernels}
+    laid_out: dict[int, tuple[int, ...]] = {}
+    for kernel in by_id.values():
+        if kernel.kind != "batch_matmul" or kernel.guard is not None or kernel.vars or kernel.outputs[0] in keep:
+            continue
+        reading = [by_id.get(r) for r in readers.get(kernel.outputs[0], ())]
+        if not reading or any(r is None or r.kind != "transpose" or r.guard is not None for r in reading):
+            continue
+        perms = {_perm(r) for r in reading if r is not None}
+        perm = perms.pop()
+        if not perms and _keeps_rows(perm):
+            laid_out[kernel.id] = perm
+    return laid_out
+

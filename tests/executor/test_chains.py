@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from cerebras_tf import amp, ir
+from cerebras_tf import ir
 from cerebras_tf.amp import GradScaler
 from cerebras_tf.wse import chains as chains_module
 from cerebras_tf.wse import denormals, threads
@@ -461,14 +461,6 @@ def _model(tmp_path, name: str):
     program = estimator.compile(input_fn).program
     batches = [batch for batch, _ in zip(input_fn(params).as_numpy_iterator(), range(3))]
     return program, initial.initial_values(model, program), batches
-
-
-@pytest.fixture
-def half_dtype(request):
-    before = amp.get_half_dtype()
-    amp.set_half_dtype(request.param)
-    yield request.param
-    amp.set_half_dtype(before)
 
 
 @pytest.mark.parametrize("half_dtype", ["float32", "float16"], indirect=True)

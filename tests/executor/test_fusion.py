@@ -2,8 +2,11 @@
 producer's first output, where nothing else needs that output."""
 from __future__ import annotations
 
+import pytest
+
 from cerebras_tf import ir
 from cerebras_tf.wse.fusion import fused_pairs
+
 
 
 def _kernel(kid: int, kind: str, inputs: list[int], outputs: list[int], **kw) -> ir.Kernel:
@@ -96,3 +99,77 @@ def test_a_max_pool_grad_knows_its_maxima_when_orig_output_is_the_max_pool_of_or
     assert known_maxima(program(guard=9)) == set()  # a pool that may not run
     not_pooled = [ir.Kernel(1, "neg", [1], [2], {}), ir.Kernel(2, "max_pool_grad", [1, 2, 3], [4], dict(attrs))]
     assert known_maxima(not_pooled) == set()
+
+
+def _transpose(kid: int, inputs: list[int], outputs: list[int], perm=(0, 2, 1, 3), **kw) -> ir.Kernel:
+    return ir.Kernel(id=kid, kind="transpose", inputs=inputs, outputs=outputs, attrs={"perm": list(perm)}, **kw)
+
+
+def test_a_transpose_only_batch_matmuls_read_hands_on_a_view():
+    """Attention's heads: q and k transposed for scores = q k^T (through a to_half each, as the compiler puts
+    them before a matmul); a transpose any other kernel reads, that moves the last axis, or that is kept or
+    guarded is copied."""
+    from cerebras_tf.wse.fusion import lazy_transposes
+
+    def lazy(kernels: list[ir.Kernel], keep: set[int] = frozenset()) -> set[int]:
+        return lazy_transposes(kernels, ir.readers(kernels), keep)
+    attention = [_transpose(0, [1], [2]), _transpose(1, [3], [4]), _kernel(2, "to_half", [2], [5]),
+                 _kernel(3, "to_half", [4], [6]), _kernel(4, "batch_matmul", [5, 6], [7]),
+                 _kernel(5, "batch_matmul", [7, 2], [8])]
+    assert lazy(attention) == {0, 1}
+    assert lazy(attention, keep={2}) == {1}
+    assert lazy(attention, keep={6}) == {0}  # kept past the to_half
+    assert lazy([*attention, _kernel(6, "neg", [5], [9])]) == {1}  # another reader after the to_half
+    assert lazy([*attention, _kernel(6, "reshape", [4], [9])]) == {0}
+    assert lazy([_transpose(0, [1], [2], perm=(0, 1, 3, 2)), _kernel(1, "batch_matmul", [2, 2], [3])]) == set()
+    assert lazy([_transpose(0, [1], [2], perm=(1, 0)), _kernel(1, "batch_matmul", [2, 2], [3])]) == set()
+    assert lazy([_transpose(0, [1], [2], guard=9), _kernel(1, "batch_matmul", [2, 2], [3])]) == set()
+    assert lazy([_transpose(0, [1], [2]), _kernel(1, "batch_matmul", [2, 2], [3], guard=9)]) == set()
+    assert lazy([_transpose(0, [1], [2])]) == set()  # no reader: nothing to gain
+
+
+def test_a_batch_matmul_only_transposes_read_is_laid_out_for_them():
+    """The context (probs v) and the gradients of q, k, v: batch_matmuls whose result the transpose back to
+    the heads' layout alone reads."""
+    from cerebras_tf.wse.fusion import transposed_outputs
+
+    def laid_out(kernels: list[ir.Kernel], keep: set[int] = frozenset()) -> dict[int, tuple[int, ...]]:
+        return transposed_outputs(kernels, ir.readers(kernels), keep)
+    context = [_kernel(0, "batch_matmul", [1, 2], [3]), _transpose(1, [3], [4]), _kernel(2, "reshape", [4], [5])]
+    assert laid_out(context) == {0: (0, 2, 1, 3)}
+    assert laid_out([*context, _transpose(3, [3], [6])]) == {0: (0, 2, 1, 3)}  # two transposes, one perm
+    assert laid_out([*context, _transpose(3, [3], [6], perm=(0, 1, 3, 2))]) == {}
+    assert laid_out([*context, _kernel(3, "neg", [3], [6])]) == {}
+    assert laid_out(context, keep={3}) == {}
+    assert laid_out([_kernel(0, "batch_matmul", [1, 2], [3]), _transpose(1, [3], [4], perm=(0, 1, 3, 2))]) == {}
+    assert laid_out([_kernel(0, "batch_matmul", [1, 2], [3], guard=9), _transpose(1, [3], [4])]) == {}
+    assert laid_out([_kernel(0, "batch_matmul", [1, 2], [3]), _transpose(1, [3], [4], guard=9)]) == {}
+    assert laid_out([_kernel(0, "matmul", [1, 2], [3]), _transpose(1, [3], [4])]) == {}
+
+
+@pytest.mark.parametrize("half_dtype", ["float32", "float16"], indirect=True)
+def test_transformer_steps_with_attentions_transposes_uncopied_give_the_bits_of_steps_with_copies(
+        tmp_path, half_dtype, monkeypatch):
+    from cerebras_tf.amp import GradScaler
+    from cerebras_tf.wse import executor as executor_module
+
+    from test_chains import _model, _same_bits
+
+    program, start, batches = _model(tmp_path, "transformer")
+    runs = []
+    for uncopied in (True, False):
+        if not uncopied:
+            monkeypatch.setattr(executor_module, "lazy_transposes", lambda *args: set())
+            monkeypatch.setattr(executor_module, "transposed_outputs", lambda *args: {})
+        executor = executor_module.Executor(program, start, grad_scaler=GradScaler(loss_scale="dynamic"))
+        applied = len(executor._lazy_transposes) + len(executor._out_perms)
+        assert applied >= 8 if uncopied else applied == 0  # per layer: q, k, v, the context, their gradients
+        results = [executor.step(features, labels) for features, labels in batches]
+        runs.append((results, executor.variables()))
+    (uncopied_results, variables), (copied_results, reference) = runs
+    for a, b in zip(uncopied_results, copied_results):
+        assert a.finite == b.finite and a.outputs.keys() == b.outputs.keys()
+        for key in a.outputs:
+            assert _same_bits(a.outputs[key], b.outputs[key]), key
+    for key, value in variables.items():
+        assert _same_bits(value, reference[key]), key

@@ -200,3 +200,37 @@ def test_kernels_together_keep_each_kinds_dtype_contract(rng):
         np.testing.assert_array_equal(result, alone)
     with pytest.raises(ValueError, match="'numpy' take no kernels together"):
         provided_together(members, KernelContext(host_kernels=NP_KERNELS))
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["openblas-threads", "split-by-matrices"])
+@pytest.mark.parametrize("shape", [(8, 128, 4, 64), (3, 17, 5, 9)])
+def test_numpy_batch_matmul_reads_and_writes_strided_matrices_with_the_bits_of_contiguous_ones(held, shape, rng):
+    """Attention's operands as the executor hands them on (fusion.lazy_transposes: the heads' transposes as
+    views) and its result laid out for the transpose that reads it (out_perm): the same bits as contiguous
+    operands and result, split across threads or not."""
+    import contextlib
+
+    from cerebras_tf.wse import threads
+
+    b, t, h, d = shape
+    heads = [rng.standard_normal((b, t, h, d), dtype=np.float32).transpose(0, 2, 1, 3) for _ in range(3)]
+    q, k, v = heads
+    p = rng.standard_normal((b, h, t, t), dtype=np.float32)
+    with threads.one_blas_thread() if held else contextlib.nullcontext():
+        scores = NP_KERNELS.batch_matmul([q, k], {"adj_y": True})
+        assert scores.flags.c_contiguous
+        np.testing.assert_array_equal(
+            scores, NP_KERNELS.batch_matmul([np.ascontiguousarray(q), np.ascontiguousarray(k)], {"adj_y": True}))
+        context = NP_KERNELS.batch_matmul([p, v], {"out_perm": (0, 2, 1, 3)})
+        heads_layout = np.transpose(context, (0, 2, 1, 3))
+        assert heads_layout.flags.c_contiguous and heads_layout.ctypes.data % 64 == 0
+        np.testing.assert_array_equal(context, NP_KERNELS.batch_matmul([p, np.ascontiguousarray(v)], {}))
+        grad = NP_KERNELS.batch_matmul([p, q], {"adj_x": True, "out_perm": (0, 2, 1, 3)})
+        np.testing.assert_array_equal(grad, NP_KERNELS.batch_matmul([p, np.ascontiguousarray(q)], {"adj_x": True}))
+
+
+def test_tensorflow_batch_matmul_takes_strided_operands_and_ignores_the_layout_it_is_asked_for(rng):
+    q, k = (rng.standard_normal((2, 16, 3, 8), dtype=np.float32).transpose(0, 2, 1, 3) for _ in range(2))
+    expected = TF_KERNELS.batch_matmul([np.ascontiguousarray(q), np.ascontiguousarray(k)], {"adj_y": True})
+    np.testing.assert_array_equal(TF_KERNELS.batch_matmul([q, k], {"adj_y": True, "out_perm": (0, 2, 1, 3)}),
+                                  expected)

@@ -45,6 +45,22 @@ def test_half_rounding_is_the_reference_bit_for_bit(half, n, rng):
     _same_bits(slow, round_to_half(x, half))
 
 
+@pytest.mark.parametrize("half", ["float16", "bfloat16", "cbfloat16", "float32"])
+def test_half_rounding_of_a_strided_view_is_a_new_contiguous_array_of_the_references_bits(half, rng):
+    """A transpose the executor hands on uncopied (fusion.lazy_transposes) rounded by the to_half before a
+    batch_matmul: copied into a new array and rounded there; the view is left as it was."""
+    x = _edgy(rng, 8 * 64 * 4 * 33)[:8 * 64 * 4 * 33].reshape(8, 64, 4, 33)
+    view = x.transpose(0, 2, 1, 3)
+    before = x.copy()
+    expected = round_to_half(np.ascontiguousarray(view), half) if half != "float32" else np.ascontiguousarray(view)
+    for jit in (True, False):
+        with _jit.use_jit(jit):
+            y = round_half(view, half)
+            assert y.flags.c_contiguous and not np.shares_memory(y, x)
+            _same_bits(y, expected)
+    _same_bits(x, before)
+
+
 @pytest.mark.parametrize("half", ["float16", "bfloat16", "cbfloat16"])
 def test_half_rounding_in_place_is_the_reference_bit_for_bit(half, rng):
     x = _edgy(rng, 300_001)[:300_001].reshape(-1, 1)

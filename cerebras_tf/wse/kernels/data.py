@@ -61,7 +61,13 @@ def expand_dims(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelC
 
 @register("transpose")
 def transpose(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    """A C-contiguous transpose: no copy where the input is laid out for it (fusion.transposed_outputs)."""
     return [np.ascontiguousarray(np.transpose(inputs[0], _ints(attrs["perm"])))]
+
+
+def transpose_view(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+    """The transpose as a view of the input, for readers that take strided operands (fusion.lazy_transposes)."""
+    return [np.transpose(inputs[0], _ints(attrs["perm"]))]
 
 
 @register("concat")

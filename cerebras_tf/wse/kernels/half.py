@@ -126,7 +126,12 @@ def _round_bfloat16(x: np.ndarray, xu: np.ndarray, ru: np.ndarray) -> None:  # p
 def round_half(x: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.ndarray:
     """`amp.round_to_half(x, dtype)`: a new float32 array of x's shape (64-byte aligned), or `out` (a
     C-contiguous float32 array of x's shape, which may be x itself: each element is read before it is
-    written)."""
+    written). A strided x (a transpose handed on as a view, fusion.lazy_transposes) is copied into the new
+    array, which is then rounded in place while it is in cache."""
+    if out is None and not x.flags.c_contiguous and x.dtype == np.float32:
+        out = empty_aligned(x.shape, np.float32)
+        np.copyto(out, x)
+        x = out
     x = np.ascontiguousarray(x, dtype=np.float32)
     if out is None:
         out = empty_aligned(x.shape, np.float32)

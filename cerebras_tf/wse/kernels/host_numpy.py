@@ -47,24 +47,64 @@ def matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray
 
 def batch_matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
     """BatchMatMulV2(x, y) with adj_x / adj_y, broadcasting the batch dimensions; while OpenBLAS is held to
-    one thread, big batches are split across the host's threads by whole matrices (as matmul)."""
+    one thread, big batches are split across the host's threads by whole matrices (as matmul).
+
+    Operands may be strided views (a transpose the executor hands on uncopied, fusion.lazy_transposes): each
+    matrix is read in place (sgemm's leading dimension), never copied. attrs["out_perm"] (the executor's,
+    fusion.transposed_outputs) lays the result out for the transpose by that permutation that reads it: the
+    result is a view of a C-contiguous array of the transposed shape. The bits are those of contiguous
+    operands and result either way (sgemm packs its operands the same)."""
     a, b = inputs
     if attrs.get("adj_x"):
         a = np.swapaxes(a, -1, -2)
     if attrs.get("adj_y"):
         b = np.swapaxes(b, -1, -2)
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    shape = (*batch, a.shape[-2], b.shape[-1])
+    perm = attrs.get("out_perm")
+    out = _laid_out(shape, a.dtype, perm) if perm is not None and a.dtype == b.dtype else None
     count = math.prod(batch)
     products = count * a.shape[-2] * a.shape[-1] * b.shape[-1]
     if not (threads.blas_held() and count > 1 and a.dtype == b.dtype and a.dtype.kind == "f"
             and products >= MIN_SPLIT_PRODUCTS):
-        return np.matmul(a, b)
-    a3 = np.broadcast_to(a, (*batch, *a.shape[-2:])).reshape(count, *a.shape[-2:])
-    b3 = np.broadcast_to(b, (*batch, *b.shape[-2:])).reshape(count, *b.shape[-2:])
-    out = empty_aligned((count, a.shape[-2], b.shape[-1]), a.dtype)
-    threads.split_range(count, lambda lo, hi: np.matmul(a3[lo:hi], b3[lo:hi], out=out[lo:hi]),
-                        max(1, MIN_SPLIT_PRODUCTS * count // (2 * products)))
-    return out.reshape(*batch, a.shape[-2], b.shape[-1])
+        return np.matmul(a, b) if out is None else np.matmul(a, b, out=out)
+    a_all, b_all = np.broadcast_to(a, (*batch, *a.shape[-2:])), np.broadcast_to(b, (*batch, *b.shape[-2:]))
+    if out is None:
+        out = empty_aligned(shape, a.dtype)
+    fa, fb, fo = (_flat_batch(v, count) for v in (a_all, b_all, out))
+    if fa is None or fb is None or fo is None:  # flattening the batch would copy: split its first axis
+        x, y, z, units = a_all, b_all, out, batch[0]
+    else:  # whole matrices of the flattened batch
+        x, y, z, units = fa, fb, fo, count
+    threads.split_range(units, lambda lo, hi: np.matmul(x[lo:hi], y[lo:hi], out=z[lo:hi]),
+                        max(1, MIN_SPLIT_PRODUCTS * units // (2 * products)))
+    return out
+
+
+def _flat_batch(x: np.ndarray, count: int) -> np.ndarray | None:
+    """x [..., m, n] as a view [count, m, n], or None where that takes a copy."""
+    shape = (count, *x.shape[-2:])
+    if _RESHAPE_TAKES_COPY:
+        try:
+            return np.reshape(x, shape, copy=False)
+        except ValueError:
+            return None
+    view = x.view()  # numpy < 2.1: setting the shape raises where a copy is needed (deprecated from 2.5)
+    try:
+        view.shape = shape
+    except AttributeError:
+        return None
+    return view
+
+
+_RESHAPE_TAKES_COPY = tuple(int(v) for v in np.__version__.split(".")[:2]) >= (2, 1)
+
+
+def _laid_out(shape: Sequence[int], dtype: np.dtype, perm: Sequence[int]) -> np.ndarray:
+    """A new array of `shape` that np.transpose(·, perm) makes C-contiguous (a 64-byte aligned buffer of the
+    transposed shape, seen through the inverse permutation)."""
+    buffer = empty_aligned([shape[p] for p in perm], dtype)
+    return buffer.transpose(np.argsort(perm))
 
 
 def conv2d(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
