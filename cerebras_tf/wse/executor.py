@@ -169,7 +169,7 @@ def dense_bound(program: ir.Program) -> bool:
     return dense > other
 
 
-def _laid_out(fn: KernelFn, perm: tuple[int, ...]) -> KernelFn:
+def _with_out_perm(fn: KernelFn, perm: tuple[int, ...]) -> KernelFn:
     """`fn` (a batch_matmul) asked to lay its result out for the transpose by `perm` that reads it
     (fusion.transposed_outputs; a provider that takes no out_perm returns it contiguous)."""
     def laid_out(inputs: list[np.ndarray], attrs: Mapping, ctx: KernelContext) -> list[np.ndarray]:
@@ -420,7 +420,7 @@ class Executor:
             elif kernel.id in self._lazy_transposes:
                 fn = transpose_view
             elif kernel.id in self._out_perms:
-                fn = _laid_out(KERNELS[kernel.kind], self._out_perms[kernel.id])
+                fn = _with_out_perm(KERNELS[kernel.kind], self._out_perms[kernel.id])
             else:
                 fn = KERNELS[kernel.kind]
             ctx = KernelContext(variables=[self._variables[name] for name in kernel.vars], salt=kernel.id,
