@@ -194,6 +194,15 @@ def _events(model_dir):
     return found
 
 
+def _estimator_summary_steps(steps) -> bool:
+    """Whether `steps` are the Estimator's summary steps for save_summary_steps=4 over 10 steps: 1, 5, 9, where
+    each after the first may come one step early. TF's SummarySaverHook takes the global step it fetched in the
+    same run as the train op plus one, and that read may follow the increment (nothing orders them): then its
+    next summary comes a step early (seen once in CI: 1, 5, 8)."""
+    steps = sorted(steps)
+    return len(steps) == 3 and steps[0] == 1 and all(b - a in (3, 4) for a, b in zip(steps, steps[1:]))
+
+
 def test_model_fn_summaries_are_written_like_the_estimator_at_its_summary_steps(tmp_path):
     cs_dir, cpu_dir = str(tmp_path / "cs"), str(tmp_path / "cpu")
     _cs(_summary_model_fn(), cs_dir, save_summary_steps=4, log_step_count_steps=5).train(_input_fn, max_steps=10)
@@ -205,22 +214,24 @@ def test_model_fn_summaries_are_written_like_the_estimator_at_its_summary_steps(
     histograms = ["gradients/fc1/kernel", "gradients/fc1/bias", "gradients/logits/kernel", "gradients/logits/bias",
                   "activations/hidden"]
     for tag in scalars + histograms:
-        assert sorted(on_cpu[tag]) == [1, 5, 9], tag  # the summary saver: the first step, then every 4
-        assert sorted(on_system[tag]) == [1, 5, 9], tag
+        assert sorted(on_system[tag]) == [1, 5, 9], tag  # the summary saver: the first step, then every 4
+        assert _estimator_summary_steps(on_cpu[tag]), (tag, sorted(on_cpu[tag]))
     for tag in scalars:
-        for step, value in on_cpu[tag].items():
+        for step in on_cpu[tag].keys() & on_system[tag].keys():
+            value = on_cpu[tag][step]
             assert on_system[tag][step].simple_value == pytest.approx(value.simple_value, rel=1e-5), (tag, step)
     for tag in histograms:
-        for step, value in on_cpu[tag].items():
-            cpu, wse = value.histo, on_system[tag][step].histo
+        for step in on_cpu[tag].keys() & on_system[tag].keys():
+            cpu, wse = on_cpu[tag][step].histo, on_system[tag][step].histo
             assert wse.num == cpu.num and list(wse.bucket_limit) == pytest.approx(list(cpu.bucket_limit), rel=1e-4)
             assert list(wse.bucket) == list(cpu.bucket), (tag, step)
             assert (wse.min, wse.max, wse.sum) == pytest.approx((cpu.min, cpu.max, cpu.sum), rel=1e-4, abs=1e-6)
     assert on_system["train/lr"][9].simple_value == pytest.approx(0.2 * 0.5 ** 2)  # the schedule at global step 8
     # "loss" stays on the log steps on the system (the Estimator puts it on its summary steps)
     assert set(read_scalars(cs_dir, "loss")) == {5, 10}
-    assert set(read_scalars(cpu_dir, "loss")) == {1, 5, 9}
-    assert read_scalars(cs_dir, "loss")[5] == pytest.approx(read_scalars(cpu_dir, "loss")[5], rel=1e-5)
+    assert set(read_scalars(cpu_dir, "loss")) == set(on_cpu["train/cost_xent"])
+    if 5 in read_scalars(cpu_dir, "loss"):
+        assert read_scalars(cs_dir, "loss")[5] == pytest.approx(read_scalars(cpu_dir, "loss")[5], rel=1e-5)
     assert len(glob.glob(os.path.join(cs_dir, "events.out.tfevents.*"))) == 1  # one event writer for the run
     assert {"loss_scale", "global_step/sec", "samples/sec"} <= set(on_system)
 
