@@ -1,12 +1,12 @@
-"""Which kernel pairs the executor fuses (wse/fusion.py): only a relu that is the sole reader of its
-producer's first output, where nothing else needs that output."""
+"""What the executor fuses (wse/fusion.py): a tail that is the only reader of its producer's first output,
+where nothing else needs that output; in-place roundings, provider groups, known maxima; and attention's
+transposes left uncopied, whose training steps keep their bits."""
 from __future__ import annotations
 
 import pytest
 
 from cerebras_tf import ir
 from cerebras_tf.wse.fusion import fused_pairs
-
 
 
 def _kernel(kid: int, kind: str, inputs: list[int], outputs: list[int], **kw) -> ir.Kernel:
