@@ -209,13 +209,12 @@ class Executor:
         self._keep = set(program.outputs.values()) | set(program.gradients)
         if _chains.enabled():  # an optimizer slot's decay joins its update's chain
             self._phases = _chains.defer_to_update(self._phases, program.tensors, self._keep)
-        self._readers = ir.readers(k for kernels in self._phases for k in kernels)  # in program order
+        ordered = [k for kernels in self._phases for k in kernels]  # the program's kernels, phase after phase
+        self._readers = ir.readers(ordered)  # in program order
         self._last_use = {tid: ids[-1] for tid, ids in self._readers.items()}  # readers are in program order
-        self._known_maxima = known_maxima(k for kernels in self._phases for k in kernels)
-        self._lazy_transposes = lazy_transposes((k for kernels in self._phases for k in kernels), self._readers,
-                                                self._keep)
-        self._out_perms = transposed_outputs((k for kernels in self._phases for k in kernels), self._readers,
-                                             self._keep)
+        self._known_maxima = known_maxima(ordered)
+        self._lazy_transposes = lazy_transposes(ordered, self._readers, self._keep)
+        self._out_perms = transposed_outputs(ordered, self._readers, self._keep)
         self._shared_reads, self._views = self._reads_without_copy()
         self._shared_values = {program.kernels[i].outputs[0] for i in self._shared_reads}  # the variables' arrays
         self._scale: float | None = None
