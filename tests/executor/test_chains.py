@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
 import time
 
 import numpy as np
@@ -536,6 +537,53 @@ def test_the_adam_chains_write_the_transformers_variables_in_place(tmp_path):
     before = {name: variables[name] for name in variables}
     executor.step(*batches[0])
     assert all(variables[name] is before[name] for name in before)  # the same arrays, written in place
+
+
+@pytest.mark.parametrize("row", [False, True], ids=["flat", "rows"])
+def test_outputs_written_into_the_inputs_they_are_run_a_loop_that_takes_each_array_once(monkeypatch, row):
+    """Where a chain writes outputs into variables (attrs["into"]) that it also reads, twice even (an Adam update
+    reads its weight for the weight decay and for the update), its loop takes each array once and writes into
+    the array it read (LLVM leaves a loop whose arrays overlap scalar): the bits of the kernels one by one."""
+    rng = np.random.default_rng(11)
+    shape = [5, 67]
+    b = _Builder()
+    m = b.tensor(shape, value=rng.standard_normal(shape))
+    g = b.tensor(shape, value=np.concatenate([SPECIALS, rng.standard_normal(5 * 67 - len(SPECIALS))]))
+    w = b.tensor(shape, value=rng.standard_normal(shape))
+    w_again = b.tensor(shape, value=b.values[w])
+    rate = b.tensor([67] if row else [], value=rng.standard_normal(67) if row else 0.5, const=True)
+    new_m = b.kernel("add", [b.kernel("mul", [m, rate]), g])
+    new_w = b.kernel("sub", [w, b.kernel("mul", [new_m, w_again])])
+    chain = _check_one_chain(b, keep=[new_m, new_w])
+    assert chain.outputs == [new_m, new_w]
+    reference = b.reference("float32")
+    variables = [b.values[m].copy(), b.values[w].copy()]
+    arrays = {m: variables[0], g: b.values[g], w: variables[1], w_again: variables[1], rate: b.values[rate]}
+    compiled = []
+    real = chains_module._compiled
+    monkeypatch.setattr(chains_module, "_compiled", lambda source: compiled.append(source) or real(source))
+    with np.errstate(all="ignore"):
+        assert chain.fn([arrays[t] for t in chain.inputs], {"into": [0, 1]}, KernelContext(variables=variables)) == []
+    assert _same_bits(variables[0], reference[new_m]) and _same_bits(variables[1], reference[new_w])
+    (source,) = compiled  # the loop for these arrays: m, g, w (once), rate, and no output of its own
+    weights = [chain.inputs.index(w), chain.inputs.index(w_again)]
+    once = [f"a{i}" for i in range(len(chain.inputs)) if i != max(weights)]
+    assert source.split("def loop(")[1].split(")")[0].split(", ") == [*once, "lo", "hi"]
+    stores = re.findall(r"(\w+)\[[^\]]*\] = t\d+", source)  # element stores: out[e] = t3
+    assert sorted(stores) == sorted([f"a{chain.inputs.index(m)}", f"a{min(weights)}"]), source
+
+
+def test_same_arrays_finds_the_inputs_an_output_or_another_input_is():
+    x, y, z = (np.zeros((2, 3), np.float32) for _ in range(3))
+    kinds, dtypes = ["f", "f", "f", "s"], [np.dtype(np.float32)] * 4
+    scalar = np.zeros(1, np.float32)
+    assert chains_module._same_arrays([x, y, z, scalar], kinds, dtypes, [np.zeros((2, 3), np.float32)]) == ()
+    assert chains_module._same_arrays([x, y, x, scalar], kinds, dtypes, [z, y]) == (0, 1, 0, 3, -1, 1)
+    # only arrays the loop reads as they are: not a strided view, not another dtype, not one read broadcast
+    assert chains_module._same_arrays([x.T, y], ["f", "f"], dtypes[:2], [x.T]) == ()
+    half = np.zeros((2, 3), np.float16)
+    assert chains_module._same_arrays([half], ["f"], dtypes[:1], [half]) == ()
+    assert chains_module._same_arrays([x, y], ["r", "f"], dtypes[:2], [x]) == ()
 
 
 def _big_chain(x: np.ndarray) -> tuple[_Builder, chains_module.Chain]:
