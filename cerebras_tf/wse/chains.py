@@ -589,6 +589,11 @@ def _compiled(source: str) -> tuple[Callable[..., None], Callable[..., None]]:
         return pair
 
 
+def _writable(x: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether the loop can write `x` as it is: a writable C-contiguous array of `dtype`."""
+    return x.dtype == dtype and x.flags.c_contiguous and x.flags.writeable
+
+
 def _same_arrays(inputs: Sequence[np.ndarray], kinds: Sequence[str], in_dtypes: Sequence[np.dtype],
                  outs: Sequence[np.ndarray]) -> tuple[int, ...]:
     """Per input, then per output: the index of the first input read element by element ("f") that is the very
@@ -624,12 +629,17 @@ def _runner(loop: Callable[..., None], parallel_loop: Callable[..., None],
             x = np.ascontiguousarray(x, dtype=dtype)
             args.append(x.reshape(-1, cols) if kind in "fg" and not flat else x.reshape(-1))
         into = attrs.get("into")  # per output: the index of the variable it is written into, or -1
-        if into:
-            outs = [ctx.variables[j] if j >= 0 else empty_aligned(shape, dtype) for j, dtype in zip(into, out_dtypes)]
+        reuse = attrs.get("reuse")  # per output: the index of the input (nothing else reads) it may take, or -1
+        if into or reuse:
+            outs = []
+            for j, dtype in enumerate(out_dtypes):
+                var, take = into[j] if into else -1, reuse[j] if reuse else -1
+                outs.append(ctx.variables[var] if var >= 0 else inputs[take] if take >= 0 and _writable(
+                    inputs[take], dtype) else empty_aligned(shape, dtype))
         else:
             outs = [empty_aligned(shape, dtype) for dtype in out_dtypes]
         views = [o.reshape(-1) if flat else o.reshape(rows, cols) for o in outs]
-        same = _same_arrays(inputs, kinds, in_dtypes, outs) if into else ()
+        same = _same_arrays(inputs, kinds, in_dtypes, outs) if into or reuse else ()
         if same:
             pair = variants.get(same)
             if pair is None:

@@ -37,6 +37,8 @@ Chains of elementwise kernels (an Adam update, layer-norm and GELU arithmetic, a
 run as one generated numba loop each, where the last member is, with the same bits (wse/chains.py; off
 with CEREBRAS_TF_FUSE_CHAINS=0 or CEREBRAS_TF_JIT=0); with chains on, phase 1's elementwise kernels that
 only the optimizer reads and that read only variables and constants (a slot times its decay) run in phase 2.
+A chain writes an output into the array of an input nothing else reads, made new that step (as TF's kernels
+forward an input's buffer; `_reuse_dead_inputs`), instead of into a new array.
 """
 from __future__ import annotations
 
@@ -169,6 +171,10 @@ def dense_bound(program: ir.Program) -> bool:
     return dense > other
 
 
+# Kinds whose kernel hands out a new array of its own every call (a dead input a chain may write into).
+_FRESH = frozenset({"unsorted_segment_sum", "random_uniform"})
+
+
 def _with_out_perm(fn: KernelFn, perm: tuple[int, ...]) -> KernelFn:
     """`fn` (a batch_matmul) asked to lay its result out for the transpose by `perm` that reads it
     (fusion.transposed_outputs; a provider that takes no out_perm returns it contiguous)."""
@@ -226,6 +232,7 @@ class Executor:
         self._threads = dataflow.ThreadChoice((threads,) if threads is not None else choices)
         self._threads_now = self._threads.next()
         self._plans = tuple(self._plan(kernels) for kernels in self._phases)
+        self._reuse_dead_inputs()
         self._schedules = tuple(self._schedule(plan) for plan in self._plans)
 
     # ---- public -------------------------------------------------------------------
@@ -428,6 +435,38 @@ class Executor:
             planned.append(_Planned(kernel, fn, ctx, writes, tail=tail, chain=chain, absorbed=list(assigns.values()),
                                     beside=beside))
         return planned
+
+    def _reuse_dead_inputs(self) -> None:
+        """Give each chain unit attrs["reuse"] (per chain output: the index of the input it is written into, or
+        -1) where an output can take the array of an input nothing else reads, as TF's kernels forward an input
+        buffer: a float32 input of the output's shape, not kept, whose every reader is in the chain, made new each
+        step by an unguarded unit that hands out only arrays of its own (a chain; a kind in `_FRESH`, the numpy
+        provider's dense kinds too). Saves the new array's cold memory: a 4 MB multiply 0.41 -> 0.28 ms."""
+        fresh_kinds = _FRESH | (DENSE_KINDS if self.host_kernels is NUMPY_HOST_KERNELS else frozenset())
+        fresh = {t for plan in self._plans for p in plan
+                 if p.kernel.guard is None and (p.chain is not None or (
+                     p.tail is None and p.beside is None and p.kernel.kind in fresh_kinds
+                     and p.kernel.id not in self._out_perms))
+                 for t in p.outputs}
+        tensors = self.program.tensors
+        for plan in self._plans:
+            for p in plan:
+                if p.chain is None:
+                    continue
+                members = {k.id for k in p.chain.kernels}
+                into = p.kernel.attrs.get("into") or [-1] * len(p.chain.outputs)
+                dead = [i for i, t in enumerate(p.chain.inputs)
+                        if t in fresh and t not in self._keep and tensors[t].dtype == "float32"
+                        and set(self._readers.get(t, ())) <= members and p.chain.inputs.index(t) == i]
+                reuse = []
+                for t, j in zip(p.chain.outputs, into):
+                    fits = [i for i in dead if list(tensors[p.chain.inputs[i]].shape) == list(tensors[t].shape)]
+                    take = fits[0] if j < 0 and tensors[t].dtype == "float32" and fits else -1
+                    if take >= 0:
+                        dead.remove(take)
+                    reuse.append(take)
+                if any(i >= 0 for i in reuse):
+                    p.kernel = dataclasses.replace(p.kernel, attrs={**p.kernel.attrs, "reuse": reuse})
 
     def _assigns_into(self, chain: _chains.Chain, kernels: list[ir.Kernel],
                       position: Mapping[int, int]) -> dict[int, ir.Kernel]:

@@ -586,6 +586,45 @@ def test_same_arrays_finds_the_inputs_an_output_or_another_input_is():
     assert chains_module._same_arrays([x, y], ["r", "f"], dtypes[:2], [x]) == ()
 
 
+def _matmul_then_chain(also_read: bool) -> ir.Program:
+    """m = x @ w (a new array each step), then z = m * 2 + 1 (a chain); with `also_read`, n = exp(m) too, after
+    the chain (exp is no chain member)."""
+    tensors = [ir.Tensor(0, [4, 3], "float32", "features"), ir.Tensor(1, [3, 5], "float32", "w", ir.Const(0.5)),
+               ir.Tensor(2, [4, 5], "float32", "m"), ir.Tensor(3, [], "float32", "two", ir.Const(2.0)),
+               ir.Tensor(4, [4, 5], "float32", "y"), ir.Tensor(5, [], "float32", "one", ir.Const(1.0)),
+               ir.Tensor(6, [4, 5], "float32", "z"), ir.Tensor(7, [4, 5], "float32", "n")]
+    kernels = [ir.Kernel(0, "matmul", [0, 1], [2], {"transpose_a": False, "transpose_b": False}),
+               ir.Kernel(1, "mul", [2, 3], [4], {}), ir.Kernel(2, "add", [4, 5], [6], {})]
+    outputs = {"predictions/z": 6}
+    if also_read:
+        kernels.append(ir.Kernel(3, "exp", [2], [7], {}))
+        outputs["predictions/n"] = 7
+    return ir.Program(mode="infer", tensors=tensors, kernels=kernels, variables=[], inputs={"features": 0},
+                      outputs=outputs)
+
+
+@pytest.mark.parametrize("also_read", [False, True], ids=["only-the-chain-reads-it", "read-after-the-chain"])
+def test_a_chain_writes_into_an_input_only_it_reads(also_read):
+    """As TF's kernels forward an input's buffer: a chain writes its output into the array of an input that
+    nothing else reads (made new by the matmul before it), and into a new array when a later kernel reads
+    that input too, which then sees it unchanged."""
+    with use_chains(True):
+        executor = Executor(_matmul_then_chain(also_read), {})
+    (chain,) = [p for plan in executor._plans for p in plan if p.chain is not None]
+    assert chain.kernel.attrs.get("reuse") == (None if also_read else [0])
+    (matmul,) = [p for plan in executor._plans for p in plan if p.kernel.kind == "matmul"]
+    made = []
+    real = matmul.fn
+    matmul.fn = lambda inputs, attrs, ctx: made.extend(real(inputs, attrs, ctx)) or made[-1:]
+    x = np.random.default_rng(5).standard_normal((4, 3)).astype(np.float32)
+    outputs = executor.step(x).outputs
+    m = x @ np.full((3, 5), 0.5, np.float32)
+    assert _same_bits(outputs["predictions/z"], m * np.float32(2) + np.float32(1))
+    assert np.shares_memory(outputs["predictions/z"], made[0]) != also_read
+    if also_read:
+        assert _same_bits(outputs["predictions/n"], np.exp(m)) and _same_bits(made[0], m)
+
+
 def _big_chain(x: np.ndarray) -> tuple[_Builder, chains_module.Chain]:
     """The chain x * 1 + 0 over x's elements."""
     b = _Builder()
