@@ -205,10 +205,8 @@ class Executor:
         self.grad_scaler = grad_scaler
         self.half_dtype = half_dtype or get_half_dtype()
         self.host_kernels = host_kernels or NUMPY_HOST_KERNELS
-        self._variables = {
-            v.name: np.array(variables[v.name], dtype=np_dtype(v.dtype), copy=True, order="C")
-            for v in program.variables
-        }
+        self._variables = {  # on 64-byte boundaries, as TF's kernels (the "tensorflow" provider) read them uncopied
+            v.name: memory.aligned_copy(variables[v.name], np_dtype(v.dtype)) for v in program.variables}
         self._constants = {t.id: program.constant_value(t.id) for t in program.tensors if t.const is not None}
         program.verify()  # among others: no kernel reads a tensor of a later phase
         self._phases = ir.phases(program)

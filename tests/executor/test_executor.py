@@ -237,6 +237,22 @@ def test_dense_kernels_run_together_give_the_results_of_one_by_one(tmp_path, hal
         np.testing.assert_array_equal(value, runs[1][1][name], err_msg=name)
 
 
+def test_the_variables_start_on_64_byte_boundaries():
+    """TF's kernels (the "tensorflow" provider) copy an operand that is not 64-byte aligned, and a weight goes
+    to them as it is (its to_half, with the half dtype float32, hands on the variable's own array)."""
+    tensors = [ir.Tensor(0, [4, 3], "float32", "features", None)]
+    variables = [ir.Variable(f"v{i}", [i + 1, 3], "float32", True, "trainable") for i in range(4)]
+    program = ir.Program(mode="infer", tensors=tensors, kernels=[], variables=variables, inputs={"features": 0},
+                         outputs={"predictions": 0})
+    buffer = np.arange(64, dtype=np.float32)
+    given = {f"v{i}": buffer[i + 1:i + 1 + 3 * (i + 1)].reshape(i + 1, 3) for i in range(4)}  # 4-60 bytes past
+    executor = Executor(program, given)
+    for name, value in given.items():
+        assert executor._variables[name].ctypes.data % 64 == 0
+        np.testing.assert_array_equal(executor._variables[name], value)
+        assert executor._variables[name].dtype == np.float32 and executor._variables[name].flags.c_contiguous
+
+
 def test_a_rounding_in_place_never_writes_into_an_input(monkeypatch):
     """Should a kind that rounds in place hand out its input (a transpose by the identity permutation does,
     which is why it is not such a kind), the to_half after it rounds into a new array and the batch's array

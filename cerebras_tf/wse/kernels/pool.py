@@ -395,7 +395,8 @@ def avg_pool(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelCont
     g = _geom(attrs, x.shape)
     if _jit_ok(x):
         xn = np.ascontiguousarray(_nhwc(x, g))
-        out = np.zeros((g.n, g.oh, g.ow, g.c), x.dtype)
+        out = empty_aligned((g.n, g.oh, g.ow, g.c), x.dtype)  # aligned: TF's convolutions copy it otherwise
+        out.fill(0)
         counts = np.ascontiguousarray(_counts(g)[0, :, :, 0].astype(x.dtype))
         split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _avg_pool_loop(xn, *_geometry(g), counts, out, lo, hi))
         return [_back(out, g)]
