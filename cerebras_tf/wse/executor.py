@@ -183,11 +183,6 @@ def _with_out_perm(fn: KernelFn, perm: tuple[int, ...]) -> KernelFn:
     return laid_out
 
 
-def _read_shared(inputs: list[np.ndarray], attrs: Mapping, ctx: KernelContext) -> list[np.ndarray]:
-    """read_variable with no later write before its last use: the value is the variable itself."""
-    return [ctx.variables[0]]
-
-
 class Executor:
     """Runs `program` on numpy arrays; `variables` maps every program variable name to its value.
     `host_kernels` provides the dense arithmetic (numpy/OpenBLAS when None); `threads`: how many kernels
@@ -221,6 +216,10 @@ class Executor:
         self._out_perms = transposed_outputs(ordered, self._readers, self._keep)
         self._shared_reads, self._views = self._reads_without_copy()
         self._shared_values = {program.kernels[i].outputs[0] for i in self._shared_reads}  # the variables' arrays
+        # what every step starts from: the constants, and each shared read's value (the variable's own array, so
+        # the read runs as no unit)
+        self._bound = {**self._constants, **{k.outputs[0]: self._variables[k.vars[0]] for k in program.kernels
+                                             if k.id in self._shared_reads}}
         self._scale: float | None = None
         # OpenBLAS sums some products (the MLP's 256x784x500) in another order on two threads than on one, so
         # how many it uses is fixed per program, never by timing: one (the executor splits big products
@@ -259,7 +258,7 @@ class Executor:
         leaves are matched to the program inputs by `ir.input_leaves` keys; leaves the program has
         no input for are ignored.
         """
-        values: dict[int, np.ndarray] = dict(self._constants)
+        values: dict[int, np.ndarray] = dict(self._bound)
         values.update(self._bind_inputs(features, labels))
         step = self.global_step
         scale = self.grad_scaler.scale if self.grad_scaler is not None else None
@@ -302,7 +301,7 @@ class Executor:
             for features, labels in batches:
                 for name in written:  # every system starts from the same state
                     self._variables[name][...] = before[name]
-                values: dict[int, np.ndarray] = dict(self._constants)
+                values: dict[int, np.ndarray] = dict(self._bound)
                 values.update(self._bind_inputs(features, labels))
                 self._run(0, values, step, scale)
                 runs.append(values)
@@ -387,7 +386,7 @@ class Executor:
         absorbed = {a.id for assigns in into.values() for a in assigns.values()}
         for kernel in kernels:
             chain = chain_of.get(kernel.id)
-            if (kernel.id in tails or kernel.id in absorbed or kernel.id in groups
+            if (kernel.id in tails or kernel.id in absorbed or kernel.id in groups or kernel.id in self._shared_reads
                     or (chain is not None and chain.place is not kernel)):
                 continue
             beside = None
@@ -417,8 +416,6 @@ class Executor:
                 fn = self._rounding_in_place(KERNELS[kernel.kind])
             elif tail is not None:
                 fn = FUSED[(kernel.kind, tail.kind)].fn
-            elif kernel.kind == "read_variable" and kernel.id in self._shared_reads:
-                fn = _read_shared
             elif kernel.kind in ("gradient_seed", "to_half"):
                 fn = getattr(self, f"_{kernel.kind}")
             elif kernel.id in self._lazy_transposes:
@@ -602,7 +599,8 @@ class Executor:
 
     def _reads_without_copy(self) -> tuple[set[int], dict[int, set[str]]]:
         """read_variable kernels whose value (or a view of it) no kernel uses after the variable is
-        next written, and which is not streamed out: they hand out the variable's array itself. Also
+        next written, and which is not streamed out: their value is the variable's array itself, bound when a
+        step starts (`_bound`: they run as no unit). Also
         each tensor that may view such a variable's array -> the variables (a kernel reading it reads them)."""
         order = [k for phase in self._phases for k in phase]
         position = {k.id: i for i, k in enumerate(order)}

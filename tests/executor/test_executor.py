@@ -253,6 +253,30 @@ def test_the_variables_start_on_64_byte_boundaries():
         assert executor._variables[name].dtype == np.float32 and executor._variables[name].flags.c_contiguous
 
 
+@pytest.mark.parametrize("written_before_use", [False, True])
+def test_a_read_of_a_variable_not_written_before_its_use_runs_as_no_unit(written_before_use):
+    """y = read(v) * x. A read whose value is used before the variable's next write is the variable's own array,
+    bound when the step starts (no unit runs it); with an assign v <- x between the read and its use, the read
+    is a unit that copies, and y takes v's value from before the assign."""
+    tensors = [ir.Tensor(0, [3], "float32", "features", None), ir.Tensor(1, [3], "float32", "v_read", None),
+               ir.Tensor(2, [3], "float32", "y", None)]
+    kernels = [ir.Kernel(0, "read_variable", [], [1], {}, vars=["v"])]
+    if written_before_use:
+        kernels.append(ir.Kernel(1, "assign_variable", [0], [], {}, role="state_update", vars=["v"]))
+    kernels.append(ir.Kernel(len(kernels), "mul", [1, 0], [2], {}))
+    program = ir.Program(mode="train", tensors=tensors, kernels=kernels,
+                         variables=[ir.Variable("v", [3], "float32", False, "state")], inputs={"features": 0},
+                         outputs={"loss": 2})
+    executor = Executor(program, {"v": np.array([1, 2, 3], np.float32)})
+    units = [p.kernel.kind for plan in executor._plans for p in plan]
+    assert ("read_variable" in units) == written_before_use
+    x = np.array([2, 2, 2], np.float32)
+    for expected in ([2, 4, 6], [4, 4, 4] if written_before_use else [2, 4, 6]):
+        np.testing.assert_array_equal(executor.step(x).outputs["loss"], expected)
+    executor._variables["v"][...] = 5  # a bound read is the variable's array: the next step sees this
+    np.testing.assert_array_equal(executor.step(x).outputs["loss"], [10, 10, 10])
+
+
 def test_a_rounding_in_place_never_writes_into_an_input(monkeypatch):
     """Should a kind that rounds in place hand out its input (a transpose by the identity permutation does,
     which is why it is not such a kind), the to_half after it rounds into a new array and the batch's array
