@@ -611,9 +611,11 @@ def _same_arrays(inputs: Sequence[np.ndarray], kinds: Sequence[str], in_dtypes: 
 def _runner(loop: Callable[..., None], parallel_loop: Callable[..., None],
             in_place: Callable[[tuple[int, ...]], tuple[Callable[..., None], Callable[..., None]]], shape: list[int],
             kinds: list[str], in_dtypes: list[np.dtype], out_dtypes: list[np.dtype], flat: bool) -> KernelFn:
-    """The KernelFn that lays out the arrays for `loop` and runs it (split over numba's threads when big). Where
-    it writes outputs into variables (attrs["into"]) that are also its inputs, it runs `in_place(same)`'s loops
-    instead (`_same_arrays`; compiled on first use, kept per pattern)."""
+    """The KernelFn that lays out the arrays for `loop` and runs it (split over numba's threads when big). An
+    output goes into a new array, the variable attrs["into"] names, or the input attrs["reuse"] names (the
+    executor's `_reuse_dead_inputs`, where that input is an array the loop can write). Where an output is an
+    input's array, or two inputs are one, it runs `in_place(same)`'s loops instead (`_same_arrays`; compiled
+    on first use, kept per pattern)."""
     size = math.prod(shape)
     cols = shape[-1] if shape and shape[-1] > 0 else 1
     rows = size // cols

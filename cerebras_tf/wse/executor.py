@@ -452,7 +452,7 @@ class Executor:
                 into = p.kernel.attrs.get("into") or [-1] * len(p.chain.outputs)
                 dead = [i for i, t in enumerate(p.chain.inputs)
                         if t in fresh and t not in self._keep and tensors[t].dtype == "float32"
-                        and set(self._readers.get(t, ())) <= members and p.chain.inputs.index(t) == i]
+                        and set(self._readers.get(t, ())) <= members]
                 reuse = []
                 for t, j in zip(p.chain.outputs, into):
                     fits = [i for i in dead if list(tensors[p.chain.inputs[i]].shape) == list(tensors[t].shape)]
