@@ -214,12 +214,11 @@ class Executor:
         self._known_maxima = known_maxima(ordered)
         self._lazy_transposes = lazy_transposes(ordered, self._readers, self._keep)
         self._out_perms = transposed_outputs(ordered, self._readers, self._keep)
-        self._shared_reads, self._views = self._reads_without_copy()
-        self._shared_values = {program.kernels[i].outputs[0] for i in self._shared_reads}  # the variables' arrays
-        # what every step starts from: the constants, and each shared read's value (the variable's own array, so
-        # the read runs as no unit)
-        self._bound = {**self._constants, **{k.outputs[0]: self._variables[k.vars[0]] for k in program.kernels
-                                             if k.id in self._shared_reads}}
+        self._shared_reads, self._views = self._reads_without_copy(ordered)
+        shared = {program.kernels[i].outputs[0]: self._variables[program.kernels[i].vars[0]]
+                  for i in self._shared_reads}
+        self._shared_values = set(shared)  # the tensors that are the variables' arrays
+        self._bound = {**self._constants, **shared}  # what every step starts from (a shared read runs as no unit)
         self._scale: float | None = None
         # OpenBLAS sums some products (the MLP's 256x784x500) in another order on two threads than on one, so
         # how many it uses is fixed per program, never by timing: one (the executor splits big products
@@ -597,12 +596,12 @@ class Executor:
             return [round_half(first, self.half_dtype, out=first if own else None), *outputs[1:]]
         return rounding
 
-    def _reads_without_copy(self) -> tuple[set[int], dict[int, set[str]]]:
+    def _reads_without_copy(self, order: list[ir.Kernel]) -> tuple[set[int], dict[int, set[str]]]:
         """read_variable kernels whose value (or a view of it) no kernel uses after the variable is
         next written, and which is not streamed out: their value is the variable's array itself, bound when a
         step starts (`_bound`: they run as no unit). Also
-        each tensor that may view such a variable's array -> the variables (a kernel reading it reads them)."""
-        order = [k for phase in self._phases for k in phase]
+        each tensor that may view such a variable's array -> the variables (a kernel reading it reads them).
+        `order`: the program's kernels, phase after phase."""
         position = {k.id: i for i, k in enumerate(order)}
         writes: dict[str, list[int]] = {}
         for k in order:

@@ -23,7 +23,7 @@ import numpy as np
 from cerebras_tf.amp import FLOAT32_MODE, half_format, round_to_half
 from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._scratch import scratch
-from cerebras_tf.wse.memory import empty_aligned
+from cerebras_tf.wse.memory import aligned_copy, empty_aligned
 from cerebras_tf.wse.threads import STREAMING_MIN_ELEMENTS_PER_THREAD as STREAMING
 from cerebras_tf.wse.threads import split_range
 
@@ -129,9 +129,7 @@ def round_half(x: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.n
     written). A strided x (a transpose handed on as a view, fusion.lazy_transposes) is copied into the new
     array, which is then rounded in place while it is in cache."""
     if out is None and not x.flags.c_contiguous and x.dtype == np.float32:
-        out = empty_aligned(x.shape, np.float32)
-        np.copyto(out, x)
-        x = out
+        x = out = aligned_copy(x, np.float32)  # rounded in place below
     x = np.ascontiguousarray(x, dtype=np.float32)
     if out is None:
         out = empty_aligned(x.shape, np.float32)
