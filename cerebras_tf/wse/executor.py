@@ -60,7 +60,7 @@ from cerebras_tf.wse.kernels import (DENSE_KINDS, KERNELS, NUMPY_HOST_KERNELS, H
 from cerebras_tf.wse.kernels._registry import KernelFn
 from cerebras_tf.wse.kernels.data import transpose_view
 from cerebras_tf.wse.kernels.fused import FUSED
-from cerebras_tf.wse.kernels.half import round_half, rounds_in_place
+from cerebras_tf.wse.kernels.half import round_half, round_half_in_layout, rounds_in_place
 from cerebras_tf.wse.kernels.linalg import provided_together
 
 # Kinds whose output may be a view of (or the same array as) an input.
@@ -570,7 +570,7 @@ class Executor:
         x = inputs[0]
         if self.half_dtype == FLOAT32_MODE:
             return [x]
-        return [round_half(x, self.half_dtype)]
+        return [round_half_in_layout(x, self.half_dtype)]
 
     @staticmethod
     def _together(first: ir.Kernel, second: ir.Kernel) -> KernelFn:

@@ -15,7 +15,8 @@ from kernel_helpers import both_ways, run
 from cerebras_tf.amp import round_to_half
 from cerebras_tf.wse import denormals
 from cerebras_tf.wse.kernels import _jit
-from cerebras_tf.wse.kernels.half import round_half
+from cerebras_tf.wse.kernels.half import round_half, round_half_in_layout
+from cerebras_tf.wse.memory import ALIGNMENT
 
 F = np.float32
 
@@ -58,6 +59,28 @@ def test_half_rounding_of_a_strided_view_is_a_new_contiguous_array_of_the_refere
             y = round_half(view, half)
             assert y.flags.c_contiguous and not np.shares_memory(y, x)
             _same_bits(y, expected)
+    _same_bits(x, before)
+
+
+@pytest.mark.parametrize("half", ["float16", "bfloat16", "float32"])
+def test_half_rounding_in_layout_keeps_a_transposed_views_layout(half, rng):
+    """The executor's to_half on a transpose handed on uncopied: a new array rounded in the block's own order,
+    handed on as the same view (the strides of x's view), with the reference's bits; other strided views
+    (a slice, a broadcast) are rounded into a new contiguous array as round_half does."""
+    x = _edgy(rng, 8 * 64 * 4 * 33)[:8 * 64 * 4 * 33].reshape(8, 64, 4, 33)
+    before = x.copy()
+    for jit in (True, False):
+        with _jit.use_jit(jit):
+            for view in (x.transpose(0, 2, 1, 3), x.transpose(3, 0, 1, 2), x):
+                expected = round_to_half(view, half) if half != "float32" else view
+                y = round_half_in_layout(view, half)
+                assert y.strides == view.strides and not np.shares_memory(y, x)
+                assert y.ctypes.data % ALIGNMENT == 0
+                _same_bits(np.ascontiguousarray(y), np.ascontiguousarray(expected))
+            for view in (x[:, ::2], np.broadcast_to(x[:1], x.shape)):
+                y = round_half_in_layout(view, half)
+                assert y.flags.c_contiguous
+                _same_bits(y, np.ascontiguousarray(round_to_half(view, half) if half != "float32" else view))
     _same_bits(x, before)
 
 
