@@ -126,8 +126,8 @@ def _round_bfloat16(x: np.ndarray, xu: np.ndarray, ru: np.ndarray) -> None:  # p
 def round_half(x: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.ndarray:
     """`amp.round_to_half(x, dtype)`: a new float32 array of x's shape (64-byte aligned), or `out` (a
     C-contiguous float32 array of x's shape, which may be x itself: each element is read before it is
-    written). A strided x (a transpose handed on as a view, fusion.lazy_transposes) is copied into the new
-    array, which is then rounded in place while it is in cache."""
+    written). A strided x is copied into the new array, which is then rounded in place while it is in cache
+    (`round_half_in_layout` keeps a transposed view's layout instead)."""
     if out is None and not x.flags.c_contiguous and x.dtype == np.float32:
         x = out = aligned_copy(x, np.float32)  # rounded in place below
     x = np.ascontiguousarray(x, dtype=np.float32)
