@@ -63,6 +63,8 @@ from cerebras_tf.wse.kernels.fused import FUSED
 from cerebras_tf.wse.kernels.half import round_half, round_half_in_layout, rounds_in_place
 from cerebras_tf.wse.kernels.linalg import provided_together
 
+# Kinds whose kernel hands on a view of its input (a copy only of an input that is not contiguous).
+_VIEWS = frozenset({"reshape", "squeeze", "expand_dims"})
 # Kinds whose output may be a view of (or the same array as) an input.
 _MAY_ALIAS = frozenset({"reshape", "squeeze", "expand_dims", "unstack", "split", "split_v", "slice",
                         "strided_slice", "cast", "to_half", "transpose"})
@@ -523,9 +525,19 @@ class Executor:
                 writes_vars=p.kernel.vars if p.writes else (),
                 checks_input=p.kernel.kind in ir.CHECKS_INPUT,
                 cost=estimated_seconds(self.program, p.kernel) if p.chain is not None  # what it stores, not its
-                else sum(estimated_seconds(self.program, k) for k in p.members)))  # intermediates
+                else sum(estimated_seconds(self.program, k) for k in p.members),  # intermediates
+                inline=self._is_view(p)))
         droppable = {t for p in plan for t in p.reads if self._last_use.get(t) in ids and t not in self._keep}
         return dataflow.Schedule.build(units, droppable)
+
+    def _is_view(self, p: _Planned) -> bool:
+        """Whether the unit only hands on a view of its input (dataflow runs it inline): a reshape, squeeze or
+        expand_dims, an uncopied transpose, or a to_half in float32 numerics."""
+        kernel = p.kernel
+        if p.tail is not None or p.beside is not None or p.chain is not None or kernel.guard is not None:
+            return False
+        return (kernel.kind in _VIEWS or kernel.id in self._lazy_transposes
+                or (kernel.kind == "to_half" and self.half_dtype == FLOAT32_MODE))
 
     def _run(self, phase: int, values: dict[int, np.ndarray], step: int, scale: float | None,
              skip_writes: bool = False) -> None:

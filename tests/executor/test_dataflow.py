@@ -100,6 +100,48 @@ def test_the_first_error_in_program_order_is_raised_and_nothing_after_it_starts(
         assert set(started) <= set(range(5))
 
 
+def test_an_inline_unit_runs_on_the_thread_that_settles_its_last_dependency():
+    """Views (Access.inline) never go through the ready heap: the thread that settles the unit they wait for
+    runs them there and then, a chain of them too; their results, drops and errors are any unit's."""
+    units = [Access(reads=[], outputs=[1]), Access(reads=[1], outputs=[2], inline=True),  # 0 -> view 1
+             Access(reads=[2], outputs=[3], inline=True), Access(reads=[3], outputs=[4]),  # -> view 2 -> 3
+             Access(reads=[], outputs=[5]), Access(reads=[5], outputs=[6], inline=True)]  # 4 -> view 5
+    schedule = Schedule.build(units, droppable={1, 2, 3, 5})
+    assert schedule.inline == {1, 2, 5}
+    ran_on: dict[int, int] = {}
+    in_settle = threading.local()
+    results: dict[int, int] = {}
+    dropped: list[int] = []
+
+    def compute(index: int) -> int:
+        ran_on[index] = threading.get_ident()
+        assert (index in schedule.inline) == getattr(in_settle, "on", False)
+        return index * 10
+
+    def complete(index: int, result: int) -> None:
+        results[index] = result
+        in_settle.on = True  # what this thread computes before it takes its next unit is inline
+
+    state = dataflow._Run(schedule, compute, complete, dropped.append)
+    original_take = state._take
+
+    def take() -> object:
+        in_settle.on = False
+        return original_take()
+    state._take = take  # type: ignore[method-assign]
+    state.work()
+    assert results == {i: i * 10 for i in range(6)}
+    assert sorted(dropped) == [1, 2, 3, 5]
+    assert ran_on[1] == ran_on[2] == ran_on[0] and ran_on[5] == ran_on[4]
+
+    def failing(index: int) -> int:
+        if index == 2:
+            raise ValueError("view 2")
+        return index
+    with pytest.raises(ValueError, match="view 2"):
+        dataflow.run(schedule, failing, lambda i, r: None, lambda t: None, threads_to_use=2)
+
+
 def test_units_run_side_by_side_and_blas_keeps_one_thread_meanwhile():
     threadpoolctl = pytest.importorskip("threadpoolctl")
     units = [Access(reads=[], outputs=[0]), Access(reads=[], outputs=[1])]
@@ -278,6 +320,9 @@ def test_side_by_side_gives_the_bits_of_one_kernel_at_a_time(tmp_path, model, ha
     for count in (2, 1):
         executor = Executor(program, start, grad_scaler=GradScaler(loss_scale="dynamic"), half_dtype=half_dtype,
                             threads=count)
+        if model == "transformer":  # its reshapes, uncopied transposes (and float32's to_halfs) run inline
+            inline = {executor._plans[0][i].kernel.kind for i in executor._schedules[0].inline}
+            assert inline == {"reshape", "transpose"} | ({"to_half"} if half_dtype == "float32" else set())
         outputs = [executor.step(features, labels).outputs for features, labels in batches]
         runs.append((outputs, executor.variables()))
     (outputs, variables), (expected_outputs, expected_variables) = runs
