@@ -625,6 +625,68 @@ def test_a_chain_writes_into_an_input_only_it_reads(also_read):
         assert _same_bits(outputs["predictions/n"], np.exp(m)) and _same_bits(made[0], m)
 
 
+@pytest.mark.parametrize("half_dtype", ["float32", "float16"], indirect=True)
+def test_steps_writing_into_dead_inputs_give_the_bits_of_steps_without(tmp_path, half_dtype, monkeypatch):
+    """The zoo transformer's bias_adds add into their matmul's array, and (float16) its to_halfs round the
+    array they read where it is, through the reshapes and transposes between, when nothing else reads it
+    (Executor._reuse_dead_inputs): the steps' outputs and variables are those of steps that write every
+    result into a new array."""
+    program, start, batches = _model(tmp_path, "transformer")
+    runs = []
+    for reuse in (True, False):
+        if not reuse:
+            monkeypatch.setattr(Executor, "_reuse_dead_inputs", lambda self: None)
+        with use_chains(True):
+            executor = Executor(program, start, grad_scaler=GradScaler(loss_scale="dynamic"))
+        units = [p.kernel for plan in executor._plans for p in plan]
+        into_bias = [k for k in units if k.kind == "bias_add" and k.attrs.get("reuse")]
+        rounded_in_place = [k for k in units if k.kind == "to_half" and k.attrs.get("in_place")]
+        assert (len(into_bias) >= 4) == reuse
+        assert (len(rounded_in_place) >= 4) == (reuse and half_dtype == "float16")
+        results = [executor.step(features, labels) for features, labels in batches]
+        runs.append((results, executor.variables()))
+    (with_reuse, variables), (without, reference) = runs
+    for a, b in zip(with_reuse, without):
+        assert a.outputs.keys() == b.outputs.keys()
+        for key in a.outputs:
+            assert _same_bits(a.outputs[key], b.outputs[key]), key
+    for key, value in variables.items():
+        assert _same_bits(value, reference[key]), key
+
+
+@pytest.mark.parametrize("also_read", [False, True], ids=["dead", "read-after"])
+def test_a_to_half_rounds_in_place_through_a_view_only_what_nothing_else_reads(also_read):
+    """matmul -> reshape -> to_half (float16): the rounding goes into the matmul's own array, and into a new
+    one when a later kernel reads the matmul's result, which then sees it unrounded."""
+    tensors = [ir.Tensor(0, [4, 6], "float32", "features"), ir.Tensor(1, [6, 8], "float32", "w", ir.Const(1 / 3)),
+               ir.Tensor(2, [4, 8], "float32", "m"), ir.Tensor(3, [4, 2, 4], "float32", "r"),
+               ir.Tensor(4, [4, 2, 4], "float32", "h")]
+    kernels = [ir.Kernel(0, "matmul", [0, 1], [2], {"transpose_a": False, "transpose_b": False}),
+               ir.Kernel(1, "reshape", [2], [3], {"shape": [4, 2, 4]}), ir.Kernel(2, "to_half", [3], [4], {})]
+    outputs = {"predictions/h": 4}
+    if also_read:
+        tensors.append(ir.Tensor(5, [4, 8], "float32", "n"))
+        kernels.append(ir.Kernel(3, "neg", [2], [5], {}))
+        outputs["predictions/n"] = 5
+    program = ir.Program(mode="infer", tensors=tensors, kernels=kernels, variables=[], inputs={"features": 0},
+                         outputs=outputs)
+    with use_chains(False):
+        executor = Executor(program, {}, half_dtype="float16")
+    (to_half,) = [p for plan in executor._plans for p in plan if p.kernel.kind == "to_half"]
+    assert to_half.kernel.attrs.get("in_place", False) != also_read
+    (matmul,) = [p for plan in executor._plans for p in plan if p.kernel.kind == "matmul"]
+    made = []
+    real = matmul.fn
+    matmul.fn = lambda inputs, attrs, ctx: made.extend(real(inputs, attrs, ctx)) or made[-1:]
+    x = np.random.default_rng(3).standard_normal((4, 6)).astype(np.float32)
+    got = executor.step(x).outputs
+    m = x @ np.full((6, 8), 1 / 3, np.float32)
+    assert _same_bits(got["predictions/h"], m.reshape(4, 2, 4).astype(np.float16).astype(np.float32))
+    assert np.shares_memory(got["predictions/h"], made[0]) != also_read
+    if also_read:
+        assert _same_bits(got["predictions/n"], -m) and _same_bits(made[0], m)
+
+
 def _big_chain(x: np.ndarray) -> tuple[_Builder, chains_module.Chain]:
     """The chain x * 1 + 0 over x's elements."""
     b = _Builder()

@@ -271,10 +271,13 @@ _binary_add = _make_binary(np.add)
 
 @register("bias_add")
 def bias_add(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
-    """value + bias along the channel axis (last for NHWC, 1 for NCHW)."""
+    """value + bias along the channel axis (last for NHWC, 1 for NCHW); into value's own array where the
+    executor says nothing else reads it (attrs["reuse"], its `_reuse_dead_inputs`) and it is writable."""
     x, b = inputs
     if str(attrs.get("data_format", "NHWC")).startswith("NC") and x.ndim >= 3:
         b = b.reshape((-1,) + (1,) * (x.ndim - 2))
+    if attrs.get("reuse") and x.flags.writeable and np.result_type(x, b) == x.dtype:
+        return [np.add(x, b, out=x)]
     return [x + b]
 
 

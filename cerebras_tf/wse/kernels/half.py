@@ -175,15 +175,28 @@ def round_half(x: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.n
     return out
 
 
-def round_half_in_layout(x: np.ndarray, dtype: str) -> np.ndarray:
+def _c_order(x: np.ndarray) -> list[int] | None:
+    """The axis order in which x is a C-contiguous block (x itself: 0, 1, ...), or None."""
+    if x.flags.c_contiguous:
+        return list(range(x.ndim))
+    order = sorted(range(x.ndim), key=lambda axis: -x.strides[axis])
+    return order if np.transpose(x, order).flags.c_contiguous else None
+
+
+def round_half_in_layout(x: np.ndarray, dtype: str, in_place: bool = False) -> np.ndarray:
     """`round_half(x, dtype)`, laid out as x where x is a permutation of a C-contiguous float32 block (a
     transpose handed on as a view, fusion.lazy_transposes): the block is rounded into a new array in its own
     order and handed on as the same view of it, as float32 numerics hand on x itself. Saves round_half's copy
-    of the strided view: the zoo transformer's eight attention transposes 0.4 ms a step on one thread."""
-    if x.dtype == np.float32 and not x.flags.c_contiguous:
-        order = sorted(range(x.ndim), key=lambda axis: -x.strides[axis])
-        block = np.transpose(x, order)
-        if block.flags.c_contiguous:
-            return np.transpose(round_half(block, dtype), np.argsort(order))
-    return round_half(x, dtype)
-
+    of the strided view: the zoo transformer's eight attention transposes 0.4 ms a step on one thread.
+    `in_place`: x's memory is the caller's to overwrite (the executor's dead inputs): where the block is
+    writable and `rounds_in_place(dtype)`, it is rounded where it is and x itself is handed on."""
+    order = _c_order(x) if x.dtype == np.float32 else None
+    if order is None:
+        return round_half(x, dtype)
+    block = np.transpose(x, order)
+    if in_place and block.flags.writeable and rounds_in_place(dtype):
+        round_half(block, dtype, out=block)
+        return x
+    if x.flags.c_contiguous:
+        return round_half(x, dtype)
+    return np.transpose(round_half(block, dtype), np.argsort(order))
