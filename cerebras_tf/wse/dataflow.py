@@ -299,10 +299,7 @@ class _Run:
                         job = None
                         continue
                     rank[0] = self.rank[index]
-                    try:
-                        result = self.compute(index)
-                    except Exception as error:  # noqa: BLE001 - raised by `run`, after the earlier units have finished
-                        result = _Failed(error)
+                    result = self._computed(index)
             except BaseException as error:  # e.g. KeyboardInterrupt, or a bug in complete/drop: start nothing more
                 if index >= 0:  # raised by the unit this thread ran: it will not settle
                     with self.lock:
@@ -395,7 +392,7 @@ class _Run:
                         if later not in schedule.inline:
                             heapq.heappush(self.ready, (-self.rank[later], later))
                         elif later < self.stop_at:
-                            settling.append((later, self._compute_inline(later)))
+                            settling.append((later, self._computed(later)))
             for t in schedule.releases[index]:
                 self.left[t] -= 1
                 if self.left[t] == 0:
@@ -403,10 +400,11 @@ class _Run:
         if self.idle and (self.ready or not self.running):
             self.lock.notify_all()
 
-    def _compute_inline(self, index: int) -> Any:
+    def _computed(self, index: int) -> Any:
+        """Unit `index`'s result, or its exception as a _Failed."""
         try:
             return self.compute(index)
-        except Exception as error:  # noqa: BLE001 - raised by `run`, as any unit's
+        except Exception as error:  # noqa: BLE001 - raised by `run`, after the earlier units have finished
             return _Failed(error)
 
     def stop(self) -> None:

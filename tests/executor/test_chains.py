@@ -603,6 +603,15 @@ def _matmul_then_chain(also_read: bool) -> ir.Program:
                       outputs=outputs)
 
 
+def _arrays_made_by_the_matmul(executor: Executor) -> list[np.ndarray]:
+    """The list the executor's one matmul unit appends each array it makes to, from now on."""
+    (matmul,) = [p for plan in executor._plans for p in plan if p.kernel.kind == "matmul"]
+    made: list[np.ndarray] = []
+    real = matmul.fn
+    matmul.fn = lambda inputs, attrs, ctx: made.extend(real(inputs, attrs, ctx)) or made[-1:]
+    return made
+
+
 @pytest.mark.parametrize("also_read", [False, True], ids=["only-the-chain-reads-it", "read-after-the-chain"])
 def test_a_chain_writes_into_an_input_only_it_reads(also_read):
     """As TF's kernels forward an input's buffer: a chain writes its output into the array of an input that
@@ -612,10 +621,7 @@ def test_a_chain_writes_into_an_input_only_it_reads(also_read):
         executor = Executor(_matmul_then_chain(also_read), {})
     (chain,) = [p for plan in executor._plans for p in plan if p.chain is not None]
     assert chain.kernel.attrs.get("reuse") == (None if also_read else [0])
-    (matmul,) = [p for plan in executor._plans for p in plan if p.kernel.kind == "matmul"]
-    made = []
-    real = matmul.fn
-    matmul.fn = lambda inputs, attrs, ctx: made.extend(real(inputs, attrs, ctx)) or made[-1:]
+    made = _arrays_made_by_the_matmul(executor)
     x = np.random.default_rng(5).standard_normal((4, 3)).astype(np.float32)
     outputs = executor.step(x).outputs
     m = x @ np.full((3, 5), 0.5, np.float32)
@@ -674,10 +680,7 @@ def test_a_to_half_rounds_in_place_through_a_view_only_what_nothing_else_reads(a
         executor = Executor(program, {}, half_dtype="float16")
     (to_half,) = [p for plan in executor._plans for p in plan if p.kernel.kind == "to_half"]
     assert to_half.kernel.attrs.get("in_place", False) != also_read
-    (matmul,) = [p for plan in executor._plans for p in plan if p.kernel.kind == "matmul"]
-    made = []
-    real = matmul.fn
-    matmul.fn = lambda inputs, attrs, ctx: made.extend(real(inputs, attrs, ctx)) or made[-1:]
+    made = _arrays_made_by_the_matmul(executor)
     x = np.random.default_rng(3).standard_normal((4, 6)).astype(np.float32)
     got = executor.step(x).outputs
     m = x @ np.full((6, 8), 1 / 3, np.float32)
