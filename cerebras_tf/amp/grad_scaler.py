@@ -241,6 +241,18 @@ class GradScaler:
         """``loss * scale`` in float32 (the value to backpropagate)."""
         return np.asarray(loss, dtype=np.float32) * np.float32(self._scale)
 
+    @property
+    def reciprocal(self) -> np.float32:
+        """The float32 reciprocal of the current scale: unscaled gradients are the scaled ones times this."""
+        return np.float32(1.0) / np.float32(self._scale)
+
+    @property
+    def clips(self) -> bool:
+        """Whether unscale_and_check clips the gradients (by global norm or by value); without clipping, a
+        caller may unscale and check them itself: each times `reciprocal` (a copy when it is 1), finite when
+        every product is."""
+        return self.max_gradient_norm is not None or self.max_gradient_value is not None
+
     # -- per step ----------------------------------------------------------
     def unscale_and_check(self, grads: Sequence[Any]) -> UnscaleResult:
         """Unscale ``grads`` (new float32 arrays), test finiteness, clip if enabled.
@@ -250,7 +262,7 @@ class GradScaler:
         """
         arrays = [_f32(g) for g in grads]
         if self._scale != 1.0:
-            inv = np.float32(1.0) / np.float32(self._scale)
+            inv = self.reciprocal
             with np.errstate(over="ignore", invalid="ignore"):
                 arrays = [a * inv for a in arrays]
         else:

@@ -8,7 +8,8 @@ step runs in three phases, which the IR's kernel roles make safe:
    (e.g. batch-norm moving averages); the gradient seed is multiplied by the
    loss scale when a GradScaler is given;
 2. loss scaling: the tensors in `program.gradients` are unscaled and checked
-   (and clipped, if the scaler has max_gradient_norm); then the
+   (and clipped, if the scaler has max_gradient_norm; without clipping in one
+   pass each, kernels/unscale.py, into the arrays the step owns outright); then the
    optimizer-role kernels, in program order; if a gradient is not finite,
    their variable writes are skipped (so no weight or optimizer slot changes)
    but their other kernels run, so every program output (e.g. a gradient norm
@@ -43,6 +44,7 @@ to_half (float16, bfloat16) rounds such an array where it is.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import time
@@ -63,6 +65,7 @@ from cerebras_tf.wse.kernels.data import transpose_view
 from cerebras_tf.wse.kernels.fused import FUSED
 from cerebras_tf.wse.kernels.half import round_half, round_half_in_layout, rounds_in_place
 from cerebras_tf.wse.kernels.linalg import provided_together
+from cerebras_tf.wse.kernels.unscale import unscale_gradients
 
 # Kinds whose kernel hands on a view of its input (a copy only of an input that is not contiguous).
 _VIEWS = frozenset({"reshape", "squeeze", "expand_dims"})
@@ -181,7 +184,7 @@ def dense_bound(program: ir.Program) -> bool:
 
 # Kinds whose kernel hands out a new array of its own every call, or (bias_add) one of its dead inputs' (an array
 # a later unit may write into).
-_FRESH = frozenset({"unsorted_segment_sum", "random_uniform", "bias_add"})
+_FRESH = frozenset({"unsorted_segment_sum", "random_uniform", "bias_add", "add_n", "pad", "bias_add_grad"})
 
 
 def _with_out_perm(fn: KernelFn, perm: tuple[int, ...]) -> KernelFn:
@@ -238,6 +241,7 @@ class Executor:
         self._threads_now = self._threads.next()
         self._plans = tuple(self._plan(kernels) for kernels in self._phases)
         self._reuse_dead_inputs()
+        self._unscale_in_place = self._owned_gradients()
         self._schedules = tuple(self._schedule(plan) for plan in self._plans)
 
     # ---- public -------------------------------------------------------------------
@@ -446,10 +450,7 @@ class Executor:
         (attrs["reuse"] = [0]) into its value; a to_half (attrs["in_place"]) rounding its input where it is,
         through views of it (float16, bfloat16: `rounds_in_place`). Each checks at run time that the array is
         one it can write. Saves the new array's cold memory: a 4 MB multiply 0.41 -> 0.28 ms."""
-        fresh_kinds = _FRESH | (DENSE_KINDS if self.host_kernels is NUMPY_HOST_KERNELS else frozenset())
-        fresh = {t for plan in self._plans for p in plan  # (a chain's stand-in kernel has no guard)
-                 if p.chain is not None or (p.alone and p.kernel.kind in fresh_kinds) for t in p.outputs}
-        made_by = {t: p for plan in self._plans for p in plan for t in p.outputs}
+        fresh, made_by = self._made_new()
         tensors = self.program.tensors
         rounds = self.half_dtype != FLOAT32_MODE and rounds_in_place(self.half_dtype)
         for plan in self._plans:
@@ -476,11 +477,40 @@ class Executor:
                 if any(i >= 0 for i in reuse):
                     p.kernel = dataclasses.replace(kernel, attrs={**kernel.attrs, "reuse": reuse})
 
+    def _made_new(self) -> tuple[set[int], dict[int, _Planned]]:
+        """The tensors made new each step by an unguarded unit that hands out only arrays of its own (a chain; a
+        kind in `_FRESH`, the numpy provider's dense kinds too), and every unit output's unit."""
+        fresh_kinds = _FRESH | (DENSE_KINDS if self.host_kernels is NUMPY_HOST_KERNELS else frozenset())
+        fresh = {t for plan in self._plans for p in plan  # (a chain's stand-in kernel has no guard)
+                 if p.chain is not None or (p.alone and p.kernel.kind in fresh_kinds) for t in p.outputs}
+        return fresh, {t: p for plan in self._plans for p in plan for t in p.outputs}
+
+    def _owned_gradients(self) -> frozenset[int]:
+        """The gradients whose arrays the loss scale's unscaling may overwrite (`_unscale_and_check`): float32,
+        named once among the gradients, read by no kernel of the first phase (so no view of one exists when it
+        runs; an output that is the gradient itself shows it unscaled either way), and made new this step
+        (`fresh`, and not into a variable's array by a chain) or a view of such an array nothing else read."""
+        fresh, made_by = self._made_new()
+        first_phase = {k.id for k in self._phases[0]}
+        owned = set()
+        for t, count in collections.Counter(self.program.gradients).items():
+            p = made_by.get(t)
+            if (count != 1 or p is None or self.program.tensors[t].dtype != "float32"
+                    or first_phase & set(self._readers.get(t, ()))):
+                continue
+            if t in fresh:
+                into = p.kernel.attrs.get("into")
+                if p.chain is None or not into or into[p.chain.outputs.index(t)] < 0:
+                    owned.add(t)
+            elif p.alone and p.kernel.kind in _VIEWS | {"transpose"} and self._dead(
+                    p.kernel.inputs[0], {p.kernel.id}, fresh, made_by):
+                owned.add(t)
+        return frozenset(owned)
+
     def _dead(self, tensor: int, readers: set[int], fresh: set[int], made_by: Mapping[int, _Planned]) -> bool:
         """Whether `tensor`'s array is for `readers` (kernel ids) alone to overwrite: float32, not kept, read by
-        them only, and made new this step by an unguarded unit that hands out only arrays of its own (`fresh`:
-        a chain; a kind in `_FRESH`, the numpy provider's dense kinds too), or a view of such an array (a
-        reshape, squeeze, expand_dims or transpose: a view of its input or a new array) that is dead in turn."""
+        them only, and made new this step (`fresh`: `_made_new`), or a view of such an array (a reshape,
+        squeeze, expand_dims or transpose: a view of its input or a new array) that is dead in turn."""
         while True:
             if (tensor in self._keep or self.program.tensors[tensor].dtype != "float32"
                     or not set(self._readers.get(tensor, ())) <= readers):
@@ -677,10 +707,20 @@ class Executor:
         return shared, views_of
 
     def _unscale_and_check(self, values: dict[int, np.ndarray]) -> bool:
-        if self.grad_scaler is None:
+        """Unscale the gradients in `values` and say whether they are all finite (the GradScaler's contract).
+        Without clipping, which needs their global norm, in one pass each (kernels/unscale.py), into the arrays
+        of those the step owns outright (`_owned_gradients`)."""
+        scaler = self.grad_scaler
+        if scaler is None:
             return True
         ids = self.program.gradients
-        result = self.grad_scaler.unscale_and_check([values[t] for t in ids])
-        values.update(zip(ids, result.grads))
-        return bool(result.finite)
+        grads = [values[t] for t in ids]
+        if scaler.clips:
+            result = scaler.unscale_and_check(grads)
+            grads, finite = result.grads, bool(result.finite)
+        else:
+            grads, finite = unscale_gradients(grads, scaler.reciprocal if scaler.scale != 1.0 else None,
+                                              [t in self._unscale_in_place for t in ids])
+        values.update(zip(ids, grads))
+        return finite
 

@@ -660,6 +660,40 @@ def test_steps_writing_into_dead_inputs_give_the_bits_of_steps_without(tmp_path,
         assert _same_bits(value, reference[key]), key
 
 
+@pytest.mark.parametrize("half_dtype", ["float32", "float16"], indirect=True)
+def test_unscaling_the_gradients_in_their_arrays_gives_the_bits_of_the_grad_scaler(tmp_path, half_dtype,
+                                                                                   monkeypatch):
+    """The zoo transformer's gradients are unscaled and checked in one pass each, where they are when the step
+    owns them outright (Executor._owned_gradients: the embedding's gradient, the biggest, among them): its steps'
+    outputs, variables and loss scale are those of steps that unscale into new arrays, and of GradScaler's
+    own unscale_and_check (taken when it clips)."""
+    program, start, batches = _model(tmp_path, "transformer")
+    runs = []
+    for way in ("in place", "new arrays", "grad scaler"):
+        if way == "new arrays":
+            monkeypatch.setattr(Executor, "_owned_gradients", lambda self: frozenset())
+        if way == "grad scaler":
+            monkeypatch.setattr(GradScaler, "clips", property(lambda self: True))
+        scaler = GradScaler(loss_scale="dynamic", init_scale=2.0**15, max_loss_scale=2.0**20, steps_per_increase=2)
+        with use_chains(True):
+            executor = Executor(program, start, grad_scaler=scaler)
+        owned = executor._unscale_in_place
+        if way == "in place":
+            assert len(owned) >= 20 and max(program.gradients, key=lambda t: program.tensors[t].size) in owned
+        results = [executor.step(features, labels) for features, labels in batches]
+        runs.append((results, executor.variables(), scaler.scale))
+    (in_place, variables, scale), *others = runs
+    assert scale == 2.0**16  # two finite steps doubled it
+    for results, reference, reference_scale in others:
+        assert reference_scale == scale
+        for a, b in zip(in_place, results):
+            assert a.outputs.keys() == b.outputs.keys() and a.finite and b.finite
+            for key in a.outputs:
+                assert _same_bits(a.outputs[key], b.outputs[key]), key
+        for key, value in variables.items():
+            assert _same_bits(value, reference[key]), key
+
+
 @pytest.mark.parametrize("also_read", [False, True], ids=["dead", "read-after"])
 def test_a_to_half_rounds_in_place_through_a_view_only_what_nothing_else_reads(also_read):
     """matmul -> reshape -> to_half (float16): the rounding goes into the matmul's own array, and into a new

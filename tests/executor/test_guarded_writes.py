@@ -105,3 +105,49 @@ def test_a_non_finite_step_skips_only_the_writes_and_every_output_exists():
     assert not result.finite and scaler.scale == 4.0
     assert executor.variables()["v"] == -1.0  # the write was skipped...
     assert np.isinf(result.outputs["host_call/0"])  # ...but the gradient norm kernel ran
+
+
+def _matmul_gradient_program(view_in_first_phase: bool) -> ir.Program:
+    """loss = sum(x @ v); its gradient g = x^T @ seed (a new array each step); v -= g. With
+    `view_in_first_phase`, a backward-role reshape of g is streamed out: a view of g's array."""
+    tensors = [ir.Tensor(0, [2, 3], "float32", "features"), ir.Tensor(1, [3, 4], "float32", "v"),
+               ir.Tensor(2, [2, 4], "float32", "y"), ir.Tensor(3, [], "float32", "loss"),
+               ir.Tensor(4, [2, 4], "float32", "seed"), ir.Tensor(5, [3, 4], "float32", "grad"),
+               ir.Tensor(6, [12], "float32", "grad_view")]
+    matmul = {"transpose_a": False, "transpose_b": False}
+    kernels = [
+        ir.Kernel(0, "read_variable", [], [1], {}, vars=["v"]),
+        ir.Kernel(1, "matmul", [0, 1], [2], matmul),
+        ir.Kernel(2, "sum", [2], [3], {"axis": None}),
+        ir.Kernel(3, "gradient_seed", [], [4], {"value": 1.0}, role="gradient_seed"),
+        ir.Kernel(4, "matmul", [0, 4], [5], {**matmul, "transpose_a": True}, role="backward"),
+        ir.Kernel(5, "reshape", [5], [6], {"shape": [12]}, role="backward"),
+        ir.Kernel(6, "assign_sub_variable", [5], [], {}, role="optimizer", vars=["v"]),
+    ]
+    outputs = {"loss": 3}
+    if view_in_first_phase:
+        outputs["host_call/0"] = 6
+    else:
+        del kernels[5], tensors[6]
+        kernels[5].id = 5
+    return ir.Program(mode="train", tensors=tensors, kernels=kernels,
+                      variables=[ir.Variable("v", [3, 4], "float32", True, "trainable")], inputs={"features": 0},
+                      outputs=outputs, host_call={"args": [{"tensor": "host_call/0"}]} if view_in_first_phase else None,
+                      gradient_seed=3, gradients=[5])
+
+
+@pytest.mark.parametrize("view_in_first_phase", [False, True])
+def test_a_gradient_is_unscaled_in_its_own_array_only_when_no_view_of_it_was_made(view_in_first_phase):
+    """The loss scale's unscaling writes into a gradient's array when the step owns it outright
+    (Executor._owned_gradients); not when a kernel of the forward/backward phase read it (here a reshape
+    streamed out, which shows the scaled gradient either way)."""
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) / 7
+    v = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    scaler = GradScaler(loss_scale="dynamic", init_scale=2.0**10)
+    executor = Executor(_matmul_gradient_program(view_in_first_phase), {"v": v}, grad_scaler=scaler)
+    assert (5 in executor._unscale_in_place) != view_in_first_phase
+    result = executor.step(x)
+    scaled = x.T @ np.full((2, 4), 2.0**10, np.float32)
+    np.testing.assert_array_equal(executor.variables()["v"], v - scaled * np.float32(2.0**-10))
+    if view_in_first_phase:
+        np.testing.assert_array_equal(result.outputs["host_call/0"], scaled.reshape(-1))
