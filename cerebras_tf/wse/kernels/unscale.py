@@ -50,6 +50,7 @@ def _unscale_in_place(g: np.ndarray, reciprocal: np.float32) -> np.uint32:  # pr
 
 @_jit.jit
 def _top_exponent(g: np.ndarray) -> np.uint32:  # pragma: no cover - numba
+    """The largest exponent field among g's elements (a flat float32 array)."""
     top = np.uint32(0)
     for i in range(np.uint64(g.size)):
         top = max(top, _jit.f2u(g[i]) & np.uint32(_EXPONENT))
