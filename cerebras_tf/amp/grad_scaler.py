@@ -242,14 +242,15 @@ class GradScaler:
         return np.asarray(loss, dtype=np.float32) * np.float32(self._scale)
 
     @property
-    def reciprocal(self) -> np.float32:
-        """The float32 reciprocal of the current scale: unscaled gradients are the scaled ones times this."""
-        return np.float32(1.0) / np.float32(self._scale)
+    def reciprocal(self) -> np.float32 | None:
+        """The float32 reciprocal of the current scale: unscaled gradients are the scaled ones times this; None
+        at a scale of 1, where they are copied as they are (a product would flush denormals)."""
+        return np.float32(1.0) / np.float32(self._scale) if self._scale != 1.0 else None
 
     @property
     def clips(self) -> bool:
         """Whether unscale_and_check clips the gradients (by global norm or by value); without clipping, a
-        caller may unscale and check them itself: each times `reciprocal` (a copy when it is 1), finite when
+        caller may unscale and check them itself: each times `reciprocal` (a copy when it is None), finite when
         every product is."""
         return self.max_gradient_norm is not None or self.max_gradient_value is not None
 
@@ -261,8 +262,8 @@ class GradScaler:
         clipped, and the caller must skip the optimizer update for this step.
         """
         arrays = [_f32(g) for g in grads]
-        if self._scale != 1.0:
-            inv = self.reciprocal
+        inv = self.reciprocal
+        if inv is not None:
             with np.errstate(over="ignore", invalid="ignore"):
                 arrays = [a * inv for a in arrays]
         else:

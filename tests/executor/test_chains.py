@@ -641,7 +641,7 @@ def test_steps_writing_into_dead_inputs_give_the_bits_of_steps_without(tmp_path,
     runs = []
     for reuse in (True, False):
         if not reuse:
-            monkeypatch.setattr(Executor, "_reuse_dead_inputs", lambda self: None)
+            monkeypatch.setattr(Executor, "_reuse_dead_inputs", lambda self, fresh, made_by: None)
         with use_chains(True):
             executor = Executor(program, start, grad_scaler=GradScaler(loss_scale="dynamic"))
         units = [p.kernel for plan in executor._plans for p in plan]
@@ -671,7 +671,7 @@ def test_unscaling_the_gradients_in_their_arrays_gives_the_bits_of_the_grad_scal
     runs = []
     for way in ("in place", "new arrays", "grad scaler"):
         if way == "new arrays":
-            monkeypatch.setattr(Executor, "_owned_gradients", lambda self: frozenset())
+            monkeypatch.setattr(Executor, "_owned_gradients", lambda self, fresh, made_by: frozenset())
         if way == "grad scaler":
             monkeypatch.setattr(GradScaler, "clips", property(lambda self: True))
         scaler = GradScaler(loss_scale="dynamic", init_scale=2.0**15, max_loss_scale=2.0**20, steps_per_increase=2)

@@ -16,10 +16,6 @@ def _gradients(rng: np.random.Generator) -> list[np.ndarray]:
             rng.standard_normal((40, 30)).astype(np.float32).T, rng.standard_normal(64).astype(np.float16)]
 
 
-def _reciprocal(scaler: GradScaler) -> np.float32 | None:
-    return scaler.reciprocal if scaler.scale != 1.0 else None
-
-
 def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and bool((a.view(np.uint32) == b.view(np.uint32)).all())
 
@@ -32,7 +28,7 @@ def test_products_and_finiteness_are_the_grad_scalers(rng, jit, loss_scale, in_p
     before = [g.copy() for g in grads]
     with denormals.flushing():  # as the executor's step: products below float32's normals are zeros
         expected = scaler.unscale_and_check(grads)
-        got, finite = unscale_gradients(grads, _reciprocal(scaler), [in_place] * len(grads))
+        got, finite = unscale_gradients(grads, scaler.reciprocal, [in_place] * len(grads))
     assert finite is True and expected.finite
     for i, (a, b) in enumerate(zip(got, expected.grads)):
         assert _same_bits(a, b), i

@@ -83,8 +83,8 @@ def _unscaled(g: np.ndarray, reciprocal: np.float32 | None, in_place: bool) -> t
 
 def unscale_gradients(grads: Sequence[np.ndarray], reciprocal: np.float32 | None,
                       in_place: Sequence[bool]) -> tuple[list[np.ndarray], bool]:
-    """Each gradient, as float32, times `reciprocal` (the loss scale's float32 reciprocal; None for a scale
-    of 1: the gradient as it is, as GradScaler copies it then), and whether all of them are finite.
+    """Each gradient, as float32, times `reciprocal` (GradScaler.reciprocal; None for a scale of 1: the
+    gradient as it is, as GradScaler copies it then), and whether all of them are finite.
     `in_place[i]`: grads[i] is an array the caller owns outright, which is then unscaled where it is (when
     float32, C-contiguous and writeable); the others are left as they are, their products new arrays."""
     unscaled, finite = [], True
