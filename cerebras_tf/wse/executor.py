@@ -236,7 +236,8 @@ class Executor:
         self._scale: float | None = None
         # OpenBLAS sums some products (the MLP's 256x784x500) in another order on two threads than on one, so
         # how many it uses is fixed per program, never by timing: one (the executor splits big products
-        # itself) unless dense kernels dominate the step, where side by side has little to win
+        # itself, into blocks fixed by their shapes: host_numpy.SPLIT_BLOCKS) unless dense kernels dominate the
+        # step, where side by side has little to win
         self._hold_blas = not dense_bound(program)
         choices = dataflow.thread_choices() if self._hold_blas else (1,)
         self._threads = dataflow.ThreadChoice((threads,) if threads is not None else choices)

@@ -164,6 +164,28 @@ def split_range(size: int, work: Callable[[int, int], object], min_per_thread: i
         future.result()
 
 
+def split_blocks(bounds: Sequence[int], work: Callable[[int, int], object]) -> None:
+    """Call `work(bounds[i], bounds[i + 1])` for every block: shared by the executor's threads within
+    `sharing`; else a contiguous run of blocks per core on the pool, or all on this thread while another
+    kernel runs beside it. For work whose bits depend on where its range is cut (sgemm on a block of rows sums
+    in another order than on the whole matrix with some of OpenBLAS's kernels: Haswell's on an AVX-512 CPU),
+    the caller fixes `bounds`: the same blocks, and bits, however the threads run them."""
+    blocks = len(bounds) - 1
+    share = getattr(_local, "share", None)
+    if share is not None and blocks > 1:
+        share(bounds, work)
+        return
+    parts = 1 if _beside else min(host_threads(), blocks)
+
+    def run(first: int, last: int) -> None:  # the blocks of parts first..last-1
+        for i in range(blocks * first // parts, blocks * last // parts):
+            work(bounds[i], bounds[i + 1])
+    if parts <= 1:
+        run(0, 1)
+        return
+    split_range(parts, run, 1)
+
+
 def map_elementwise(fn: Callable[..., Any], *arrays: np.ndarray, dtype: Any = None,
                     min_per_thread: int = MIN_ELEMENTS_PER_THREAD) -> np.ndarray:
     """A new (64-byte aligned) array `out` (arrays[0]'s shape, `dtype` or arrays[0]'s) filled by

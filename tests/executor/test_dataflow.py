@@ -212,30 +212,44 @@ def test_an_error_in_a_shared_block_is_its_kernels_error_and_every_block_finishe
 
 @pytest.mark.parametrize("shape,attrs", [((512, 256, 512), {}), ((100, 300, 1000), {}), ((37, 512, 999), {}),
                                          ((513, 257, 129), {"transpose_a": True})])
-def test_a_matmul_in_shared_blocks_gives_the_bits_of_the_whole_product(shape, attrs, monkeypatch):
-    """Blocks of rows (or columns) of one single-threaded sgemm, whichever thread runs them, are the whole
-    product's bits on one thread (as the pool's two halves were)."""
+def test_a_matmuls_fixed_blocks_give_the_same_bits_however_the_threads_run_them(shape, attrs, monkeypatch):
+    """A big single-threaded sgemm is cut into blocks fixed by its shape (host_numpy._blocks), whose bits (with
+    some of OpenBLAS's kernels not those of the whole product) are the same shared by the executor's threads,
+    on the pool, one after another beside another kernel, and on a host of 1, 2 or 8 cores."""
     from cerebras_tf.wse.kernels import host_numpy
 
     m, k, n = shape
     rng = np.random.default_rng(0)
     a = rng.standard_normal((k, m) if attrs.get("transpose_a") else (m, k), dtype=np.float32)
     b = rng.standard_normal((k, n), dtype=np.float32)
+    lhs = a.T if attrs.get("transpose_a") else a
+    rows = m >= n
+    bounds = host_numpy._blocks(m if rows else n, (n if rows else m) * k)
+    assert len(bounds) - 1 == host_numpy.SPLIT_BLOCKS
     blocks: list[int] = []
     share = dataflow._Run._share
 
-    def counted(self, bounds, work, rank):
-        blocks.append(len(bounds) - 1)
-        share(self, bounds, work, rank)
+    def counted(self, cut, work, rank):
+        blocks.append(len(cut) - 1)
+        share(self, cut, work, rank)
     monkeypatch.setattr(dataflow._Run, "_share", counted)
     with threads.one_blas_thread():
-        expected = (a.T if attrs.get("transpose_a") else a) @ b
+        parts = [lhs[lo:hi] @ b if rows else lhs @ b[:, lo:hi] for lo, hi in zip(bounds, bounds[1:])]
+        expected = np.concatenate(parts, axis=0 if rows else 1)
         got: list[np.ndarray] = []
         dataflow.run(Schedule.build([Access(reads=[], outputs=[0]), Access(reads=[], outputs=[1])], set()),
                      lambda i: host_numpy.matmul([a, b], attrs) if i == 0 else None,
                      lambda i, r: got.append(r) if i == 0 else None, lambda t: None, 2)
-    assert blocks and blocks[0] > 2  # cut finer than the pool's halves
-    np.testing.assert_array_equal(got[0], expected)
+        assert blocks == [len(bounds) - 1]  # shared by the run's threads
+        np.testing.assert_array_equal(got[0], expected)
+        for cores in (1, 2, 8):
+            monkeypatch.setattr(threads, "host_threads", lambda cores=cores: cores)
+            np.testing.assert_array_equal(host_numpy.matmul([a, b], attrs), expected)  # on the pool
+        threads.kernels_beside(1)
+        try:
+            np.testing.assert_array_equal(host_numpy.matmul([a, b], attrs), expected)  # here, one after another
+        finally:
+            threads.kernels_beside(0)
 
 
 def test_the_thread_counts_come_from_the_environment(monkeypatch):

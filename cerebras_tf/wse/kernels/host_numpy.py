@@ -20,14 +20,19 @@ from cerebras_tf.wse.kernels.conv_geometry import Geom, col2im, from_nhwc, im2co
 
 # Products below this many multiply-adds run whole: splitting them costs more than it saves.
 MIN_SPLIT_PRODUCTS = 1 << 22
+# A bigger product (OpenBLAS held to one thread) is cut into at most this many blocks of rows or columns, the same
+# on any machine and however the threads run them (threads.split_blocks): with some of OpenBLAS's kernels a block
+# sums in another order than the whole product (Haswell's on an AVX-512 CPU), so the cut is part of the bits. Four:
+# what the executor's two threads shared on this project's 2-core VM (threads.SHARED_BLOCKS_PER_THREAD per core).
+SPLIT_BLOCKS = 4
 
 
 def matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
     """MatMul(a, b) with transpose_a / transpose_b. While OpenBLAS is held to one thread (the executor's
-    steps), a big float product is cut into row (or column) blocks across the host's threads
-    (threads.split_range: shared by the executor's threads); each block is the same single-threaded
-    sgemm on a slice, so the bits are those of the whole product on one thread (OpenBLAS's own threads sum
-    some shapes in another order: 256x784x500 differs)."""
+    steps), a big float product is cut into fixed row (or column) blocks (`_blocks`) that the host's
+    threads share (threads.split_blocks); each block is a single-threaded sgemm on a slice, so the bits are
+    those of the same blocks one after another on one thread, on any machine (OpenBLAS's own threads sum some
+    shapes in another order: 256x784x500 differs)."""
     a, b = inputs
     a = a.T if attrs.get("transpose_a") else a
     b = b.T if attrs.get("transpose_b") else b
@@ -37,12 +42,17 @@ def matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray
         return a @ b
     out = empty_aligned((m, n), a.dtype)
     if m >= n:
-        threads.split_range(m, lambda lo, hi: np.matmul(a[lo:hi], b, out=out[lo:hi]),
-                            max(1, MIN_SPLIT_PRODUCTS // (2 * n * k)))
+        threads.split_blocks(_blocks(m, n * k), lambda lo, hi: np.matmul(a[lo:hi], b, out=out[lo:hi]))
     else:
-        threads.split_range(n, lambda lo, hi: np.matmul(a, b[:, lo:hi], out=out[:, lo:hi]),
-                            max(1, MIN_SPLIT_PRODUCTS // (2 * m * k)))
+        threads.split_blocks(_blocks(n, m * k), lambda lo, hi: np.matmul(a, b[:, lo:hi], out=out[:, lo:hi]))
     return out
+
+
+def _blocks(size: int, products_per_unit: int) -> list[int]:
+    """The bounds of `size` rows (or columns) of `products_per_unit` multiply-adds each cut into SPLIT_BLOCKS
+    blocks, fewer where a block would hold less than half of MIN_SPLIT_PRODUCTS: fixed by the shape alone."""
+    blocks = max(1, min(SPLIT_BLOCKS, size // max(1, MIN_SPLIT_PRODUCTS // (2 * products_per_unit))))
+    return [size * i // blocks for i in range(blocks + 1)]
 
 
 def batch_matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
