@@ -101,7 +101,7 @@ def _our_profile(prepared: bench_models.Prepared, provider: str, steps: int) -> 
     seconds: collections.Counter[str] = collections.Counter()
     calls: collections.Counter[str] = collections.Counter()
     intervals: list[tuple[float, float]] = []
-    for plan in executor._plans:
+    for plan in executor._step_layout.plans:  # as step() runs them
         for planned in plan:
             kind = "+".join(k.kind for k in (planned.kernel, planned.beside) if k is not None)  # a dense group
 

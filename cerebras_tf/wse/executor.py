@@ -13,7 +13,11 @@ step runs in three phases, which the IR's kernel roles make safe:
    optimizer-role kernels, in program order; if a gradient is not finite,
    their variable writes are skipped (so no weight or optimizer slot changes)
    but their other kernels run, so every program output (e.g. a gradient norm
-   streamed to a host_call) exists on every step;
+   streamed to a host_call) exists on every step. `step` moves work from here
+   into phase 1 where it may (`_early_layout`: no clipping, no phase-1 unit
+   reading a gradient): each gradient's unscaling, a unit run once the gradient
+   exists, and the optimizer-role units that write nothing and read only what
+   phase 1 made (the l2_losses of a global norm), as TF runs them; the same bits;
 3. the global-step update, which runs on every step (unless guarded).
 
 A kernel with a `guard` (the writes of an if-converted tf.cond branch) runs
@@ -145,6 +149,16 @@ class _Planned:
         return list(dict.fromkeys([*self.kernel.reads, *(t for t in self.tail.reads if t != inner)]))
 
 
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """A step's units phase by phase (forward and backward; optimizer; global step), with their dependency
+    graphs (wse/dataflow.py)."""
+
+    plans: tuple[list[_Planned], ...]
+    schedules: tuple[dataflow.Schedule, ...]
+    unscaled_early: bool = False  # units of the first phase unscale the gradients, not a pass between phases
+
+
 def _average(arrays: list[np.ndarray]) -> np.ndarray:
     """The mean of the systems' arrays (float), in system order; a non-float array is the first system's."""
     first = arrays[0]
@@ -224,7 +238,6 @@ class Executor:
             self._phases = _chains.defer_to_update(self._phases, program.tensors, self._keep)
         ordered = [k for kernels in self._phases for k in kernels]  # the program's kernels, phase after phase
         self._readers = ir.readers(ordered)  # in program order
-        self._last_use = {tid: ids[-1] for tid, ids in self._readers.items()}  # readers are in program order
         self._known_maxima = known_maxima(ordered)
         self._lazy_transposes = lazy_transposes(ordered, self._readers, self._keep)
         self._out_perms = transposed_outputs(ordered, self._readers, self._keep)
@@ -246,7 +259,9 @@ class Executor:
         made_new = self._made_new()
         self._reuse_dead_inputs(*made_new)
         self._unscale_in_place = self._owned_gradients(*made_new)
-        self._schedules = tuple(self._schedule(plan) for plan in self._plans)
+        self._systems_layout = self._layout(self._plans)  # step_systems: the update after the gradients' average
+        self._step_layout = self._early_layout() or self._systems_layout
+        self._gradients_finite: list[bool] = []  # this step's, from the early layout's unscaling units
 
     # ---- public -------------------------------------------------------------------
     def variables(self) -> dict[str, np.ndarray]:
@@ -278,9 +293,10 @@ class Executor:
         values.update(self._bind_inputs(features, labels))
         step = self.global_step
         scale = self.grad_scaler.scale if self.grad_scaler is not None else None
+        self._gradients_finite = []
         with self._stepping():
-            self._run(0, values, step, scale)
-            finite = self._update(values, step, scale)
+            self._run(self._step_layout, 0, values, step, scale)
+            finite = self._update(self._step_layout, values, step, scale)
         outputs = {key: values[tid] for key, tid in self.program.outputs.items()}
         return StepResult(outputs=outputs, finite=finite, loss_scale=scale)
 
@@ -319,7 +335,7 @@ class Executor:
                     self._variables[name][...] = before[name]
                 values: dict[int, np.ndarray] = dict(self._bound)
                 values.update(self._bind_inputs(features, labels))
-                self._run(0, values, step, scale)
+                self._run(self._systems_layout, 0, values, step, scale)
                 runs.append(values)
                 after.append({name: self._variables[name].copy() for name in written})
             for name in written:
@@ -327,7 +343,7 @@ class Executor:
             values = dict(runs[0])
             for tid in self.program.gradients:
                 values[tid] = _average([run[tid] for run in runs])
-            finite = self._update(values, step, scale)
+            finite = self._update(self._systems_layout, values, step, scale)
         outputs = {}
         for key, tid in self.program.outputs.items():
             produced_later = tid not in runs[1]  # by the optimizer or global-step phase: computed once
@@ -347,17 +363,17 @@ class Executor:
             yield
         self._threads.record(self._threads_now, time.perf_counter() - start)
 
-    def _update(self, values: dict[int, np.ndarray], step: int, scale: float | None) -> bool:
-        """Phases 2 and 3 on phase 1's `values`: unscale and check the gradients, the optimizer kernels (their
-        writes skipped on a non-finite step), the loss scale's update, the global step. Whether the gradients
-        were finite."""
+    def _update(self, layout: _Layout, values: dict[int, np.ndarray], step: int, scale: float | None) -> bool:
+        """Phases 2 and 3 on phase 1's `values`: unscale and check the gradients (unless the layout's first
+        phase did), the optimizer kernels (their writes skipped on a non-finite step), the loss scale's update,
+        the global step. Whether the gradients were finite."""
         finite = True
         if self._plans[1]:
-            finite = self._unscale_and_check(values)
-            self._run(1, values, step, scale, skip_writes=not finite)
+            finite = all(self._gradients_finite) if layout.unscaled_early else self._unscale_and_check(values)
+            self._run(layout, 1, values, step, scale, skip_writes=not finite)
             if self.grad_scaler is not None:
                 self.grad_scaler.update(finite)
-        self._run(2, values, step, scale)
+        self._run(layout, 2, values, step, scale)
         return finite
 
     def _bind_inputs(self, features: Any, labels: Any) -> dict[int, np.ndarray]:
@@ -568,23 +584,75 @@ class Executor:
                                    half_dtype=self.half_dtype, constants=self._constants, exclude=exclude,
                                    volatile=set(self._views))
 
-    def _schedule(self, plan: list[_Planned]) -> dataflow.Schedule:
-        """The phase's dependency graph (wse/dataflow.py): what each unit reads, writes and may refuse."""
-        ids = {k.id for p in plan for k in p.members}
-        units = []
-        for p in plan:
-            reads = p.reads
-            var_reads = {name for t in reads for name in self._views.get(t, ())}
-            if p.kernel.kind in ir.READS_VARIABLES:
-                var_reads.update(p.kernel.vars)
-            units.append(dataflow.Access(
-                reads=reads, outputs=p.outputs, reads_vars=var_reads,
-                writes_vars=p.kernel.vars if p.writes else (),
-                checks_input=p.kernel.kind in ir.CHECKS_INPUT,
-                cost=estimated_seconds(self.program, p.kernel) if p.chain is not None  # what it stores, not its
-                else sum(estimated_seconds(self.program, k) for k in p.members),  # intermediates
-                inline=self._is_view(p)))
-        droppable = {t for p in plan for t in p.reads if self._last_use.get(t) in ids and t not in self._keep}
+    def _layout(self, plans: Sequence[list[_Planned]], unscaled_early: bool = False) -> _Layout:
+        """`plans` (one list of units per phase) with each phase's dependency graph; a tensor is dropped in
+        the last phase that reads it, once its readers there have finished (never one kept: `_keep`)."""
+        last_phase = {t: i for i, plan in enumerate(plans) for p in plan for t in p.reads}
+        return _Layout(tuple(plans), tuple(
+            self._schedule(plan, {t for p in plan for t in p.reads if last_phase[t] == i and t not in self._keep})
+            for i, plan in enumerate(plans)), unscaled_early)
+
+    def _early_layout(self) -> _Layout | None:
+        """The layout `step` runs where the optimizer phase's units that write nothing and read only what the
+        first phase has (the l2_losses of a global norm, the clipping factor: the zoo transformer's 42 of 81
+        units) can run in it, as soon as what they read exists, and the loss scale's unscaling with them, one
+        unit per gradient (`_unscaling_unit`; the finiteness is known once the phase ends): as TF runs a
+        gradient's ops once it is computed. The units compute what they did after the barrier (the same
+        bits). None where there is nothing to move, or the gradients must all exist first: a GradScaler that
+        clips (by their global norm), a gradient read in the first phase or named twice."""
+        forward, optimizer, last = self._plans
+        scaler, gradients = self.grad_scaler, self.program.gradients
+        if (not optimizer or (scaler is not None and scaler.clips) or len(set(gradients)) != len(gradients)
+                or set(gradients) & {t for p in forward for t in p.reads}):
+            return None
+        written = {name for p in (*optimizer, *last) if p.writes for name in p.kernel.vars}
+        have = {t for p in forward for t in p.outputs} | set(self._bound) | set(gradients)
+        early, late = [], []
+        for p in optimizer:
+            if ((p.alone or p.chain is not None) and not p.writes and p.kernel.check_guard is None
+                    and p.kernel.kind not in ir.CHECKS_INPUT and set(p.reads) <= have
+                    and not self._var_reads(p) & written):
+                early.append(p)
+                have.update(p.outputs)
+            else:
+                late.append(p)
+        unscaling = [self._unscaling_unit(i, t) for i, t in enumerate(gradients)] if scaler is not None else []
+        if not early and not unscaling:
+            return None
+        return self._layout((forward + unscaling + early, late, last), unscaled_early=scaler is not None)
+
+    def _unscaling_unit(self, index: int, gradient: int) -> _Planned:
+        """A unit that unscales `gradient` (into its own array where the step owns it: `_owned_gradients`) as
+        `_unscale_and_check` would, its value then the unscaled one, and notes whether it is finite."""
+        in_place = [gradient in self._unscale_in_place]
+
+        def unscale(inputs: list[np.ndarray], attrs: Mapping, ctx: KernelContext) -> list[np.ndarray]:
+            assert self.grad_scaler is not None
+            grads, finite = unscale_gradients(inputs, self.grad_scaler.reciprocal, in_place)
+            self._gradients_finite.append(finite)
+            return grads
+        kernel = ir.Kernel(id=-1 - index, kind="unscale", inputs=[gradient], outputs=[gradient], attrs={},
+                           role="optimizer", tf_name=f"unscale {self.program.tensors[gradient].name}")
+        return _Planned(kernel, unscale, KernelContext(variables=[], salt=kernel.id, host_kernels=self.host_kernels),
+                        writes=False)
+
+    def _var_reads(self, p: _Planned) -> set[str]:
+        """The variables unit `p` reads: through a view of a variable's array (a shared read's), or itself."""
+        var_reads = {name for t in p.reads for name in self._views.get(t, ())}
+        if p.kernel.kind in ir.READS_VARIABLES:
+            var_reads.update(p.kernel.vars)
+        return var_reads
+
+    def _schedule(self, plan: list[_Planned], droppable: set[int]) -> dataflow.Schedule:
+        """The phase's dependency graph (wse/dataflow.py): what each unit reads, writes and may refuse;
+        `droppable`: the tensors to drop once the phase's readers have finished."""
+        units = [dataflow.Access(
+            reads=p.reads, outputs=p.outputs, reads_vars=self._var_reads(p),
+            writes_vars=p.kernel.vars if p.writes else (),
+            checks_input=p.kernel.kind in ir.CHECKS_INPUT,
+            cost=estimated_seconds(self.program, p.kernel) if p.chain is not None  # what it stores, not its
+            else sum(estimated_seconds(self.program, k) for k in p.members),  # intermediates
+            inline=self._is_view(p)) for p in plan]
         return dataflow.Schedule.build(units, droppable)
 
     def _is_view(self, p: _Planned) -> bool:
@@ -594,13 +662,13 @@ class Executor:
         return p.alone and (kernel.kind in _VIEWS or kernel.id in self._lazy_transposes
                             or (kernel.kind == "to_half" and self.half_dtype == FLOAT32_MODE))
 
-    def _run(self, phase: int, values: dict[int, np.ndarray], step: int, scale: float | None,
+    def _run(self, layout: _Layout, phase: int, values: dict[int, np.ndarray], step: int, scale: float | None,
              skip_writes: bool = False) -> None:
         """Run a phase's units on `values`: each unit's outputs stored, each tensor dropped after its last
         reader; a unit that writes variables is skipped with `skip_writes`, a guarded one when its guard is
         False."""
         self._scale = scale
-        plan = self._plans[phase]
+        plan = layout.plans[phase]
 
         def compute(index: int) -> list[np.ndarray]:
             p = plan[index]
@@ -617,7 +685,7 @@ class Executor:
 
         with (threads.one_blas_thread() if self._hold_blas else contextlib.nullcontext(),
               threads.one_loop_thread() if self.host_kernels.spinning_pool else contextlib.nullcontext()):
-            dataflow.run(self._schedules[phase], compute, complete, values.__delitem__, self._threads_now)
+            dataflow.run(layout.schedules[phase], compute, complete, values.__delitem__, self._threads_now)
 
     @staticmethod
     def _call(p: _Planned, inputs: list[np.ndarray], step: int) -> list[np.ndarray]:

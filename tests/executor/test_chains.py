@@ -664,12 +664,15 @@ def test_steps_writing_into_dead_inputs_give_the_bits_of_steps_without(tmp_path,
 def test_unscaling_the_gradients_in_their_arrays_gives_the_bits_of_the_grad_scaler(tmp_path, half_dtype,
                                                                                    monkeypatch):
     """The zoo transformer's gradients are unscaled and checked in one pass each, where they are when the step
-    owns them outright (Executor._owned_gradients: the embedding's gradient, the biggest, among them): its steps'
-    outputs, variables and loss scale are those of steps that unscale into new arrays, and of GradScaler's
-    own unscale_and_check (taken when it clips)."""
+    owns them outright (Executor._owned_gradients: the embedding's gradient, the biggest, among them), by units
+    of the first phase, which its global norm's l2_losses join (Executor._early_layout): its steps' outputs,
+    variables and loss scale are those of steps that unscale between the phases, into new arrays, and with
+    GradScaler's own unscale_and_check (taken when it clips)."""
     program, start, batches = _model(tmp_path, "transformer")
     runs = []
-    for way in ("in place", "new arrays", "grad scaler"):
+    for way in ("early, in place", "between the phases", "new arrays", "grad scaler"):
+        if way == "between the phases":
+            monkeypatch.setattr(Executor, "_early_layout", lambda self: None)
         if way == "new arrays":
             monkeypatch.setattr(Executor, "_owned_gradients", lambda self, fresh, made_by: frozenset())
         if way == "grad scaler":
@@ -678,8 +681,10 @@ def test_unscaling_the_gradients_in_their_arrays_gives_the_bits_of_the_grad_scal
         with use_chains(True):
             executor = Executor(program, start, grad_scaler=scaler)
         owned = executor._unscale_in_place
-        if way == "in place":
+        if way == "early, in place":
             assert len(owned) >= 20 and max(program.gradients, key=lambda t: program.tensors[t].size) in owned
+            first = [p.kernel.kind for p in executor._step_layout.plans[0]]
+            assert first.count("unscale") == len(program.gradients) == first.count("l2_loss")
         results = [executor.step(features, labels) for features, labels in batches]
         runs.append((results, executor.variables(), scaler.scale))
     (in_place, variables, scale), *others = runs

@@ -335,7 +335,8 @@ def test_side_by_side_gives_the_bits_of_one_kernel_at_a_time(tmp_path, model, ha
         executor = Executor(program, start, grad_scaler=GradScaler(loss_scale="dynamic"), half_dtype=half_dtype,
                             threads=count)
         if model == "transformer":  # its reshapes, uncopied transposes (and float32's to_halfs) run inline
-            inline = {executor._plans[0][i].kernel.kind for i in executor._schedules[0].inline}
+            layout = executor._step_layout
+            inline = {layout.plans[0][i].kernel.kind for i in layout.schedules[0].inline}
             assert inline == {"reshape", "transpose"} | ({"to_half"} if half_dtype == "float32" else set())
         outputs = [executor.step(features, labels).outputs for features, labels in batches]
         runs.append((outputs, executor.variables()))
