@@ -202,6 +202,21 @@ def test_max_pool_grad_non_overlapping_windows(shape, k, padding, rng):
     _assert_bits_equal(jitted[0], plain[0])
 
 
+@pytest.mark.parametrize("shape,k,padding", TILINGS, ids=[f"{s[1]}x{s[2]}k{k}{p}" for s, k, p in TILINGS])
+def test_avg_pool_grad_of_non_overlapping_windows_writes_each_element_once(shape, k, padding, rng):
+    """Stride = kernel (and a stride above the kernel: gaps no window covers): avg_pool_grad's write-once
+    loop gives the numpy code's bits and TF's, -0 gradients (+0 out, as a sum onto zero gives) and
+    non-finite ones included."""
+    for stride in (k, k + 1):
+        attrs = {**_pool_attrs((k, k), (stride, stride), padding, "NHWC"), "orig_input_shape": list(shape)}
+        kw = dict(ksize=[1, k, k, 1], strides=[1, stride, stride, 1], padding=padding)
+        g = rng.normal(size=R.AvgPool(value=np.zeros(shape, F), **kw).shape).astype(F)
+        g.flat[:4] = [-0.0, np.inf, np.nan, -np.inf]
+        jitted, plain = _both_ways("avg_pool_grad", [g], attrs)
+        _assert_bits_equal(jitted[0], plain[0])
+        _assert_bits_equal(jitted[0], R.AvgPoolGrad(orig_input_shape=list(shape), grad=g, **kw).numpy())
+
+
 @pytest.mark.parametrize("kind", ["max_pool", "max_pool_grad", "avg_pool", "avg_pool_grad"])
 def test_pool_numba_loops_split_across_threads_are_bit_identical(kind, rng, monkeypatch):
     """Big enough to be split by image across several threads (three here, whatever the host has)."""
