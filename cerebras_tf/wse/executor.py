@@ -37,7 +37,8 @@ the caller may hand in (numpy/OpenBLAS by default; kernels/host_kernels.py). Wit
 kernels whose inputs are ready run at once on the host's threads (wse/dataflow.py: the same bits
 as one at a time, in program order, which CEREBRAS_TF_EXECUTOR_THREADS=1 or `threads=1` selects).
 A relu that is the only reader of a bias_add's or fused_batch_norm's output runs fused into it, as
-does a relu_grad into the max_pool_grad before it: one pass, the same bits (wse/fusion.py).
+does a relu_grad into the max_pool_grad before it: one pass, the same bits (wse/fusion.py); a max_pool keeps
+its windows' winning taps for its gradient, which then does not read the pooled input again (fusion.winning_taps).
 Chains of elementwise kernels (an Adam update, layer-norm and GELU arithmetic, a `to_half` after them)
 run as one generated numba loop each, where the last member is, with the same bits (wse/chains.py; off
 with CEREBRAS_TF_FUSE_CHAINS=0 or CEREBRAS_TF_JIT=0); with chains on, phase 1's elementwise kernels that
@@ -61,7 +62,7 @@ from cerebras_tf import ir
 from cerebras_tf.wse import chains as _chains
 from cerebras_tf.wse import dataflow, denormals, memory, threads
 from cerebras_tf.wse.fusion import (WITH_KNOWN_MAXIMA, dense_groups, fused_pairs, known_maxima, lazy_transposes,
-                                    rounding_pairs, transposed_outputs)
+                                    rounding_pairs, transposed_outputs, winning_taps)
 from cerebras_tf.wse.kernels import (DENSE_KINDS, KERNELS, NUMPY_HOST_KERNELS, HostKernels, KernelContext,
                                     KernelInputError, np_dtype)
 from cerebras_tf.wse.kernels._registry import KernelFn
@@ -239,6 +240,9 @@ class Executor:
         ordered = [k for kernels in self._phases for k in kernels]  # the program's kernels, phase after phase
         self._readers = ir.readers(ordered)  # in program order
         self._known_maxima = known_maxima(ordered)
+        tails = {producer: tail for kernels in self._phases
+                 for producer, tail in fused_pairs(kernels, self._readers, self._keep).items()}
+        self._winning_taps = winning_taps(ordered, self._known_maxima, tails, program.tensors)
         self._lazy_transposes = lazy_transposes(ordered, self._readers, self._keep)
         self._out_perms = transposed_outputs(ordered, self._readers, self._keep)
         self._shared_reads, self._views = self._reads_without_copy(ordered)
@@ -440,6 +444,11 @@ class Executor:
                                                       for m in (*chain.kernels, *assigns.values())))
             elif beside is not None:
                 fn = self._together(kernel, beside)
+            elif kernel.id in self._winning_taps:  # a max_pool or its gradient (tail: a relu_grad, a to_half)
+                taps = self._winning_taps[kernel.id]
+                fn = taps.max_pool if kernel.kind == "max_pool" else taps.max_pool_grad
+                if tail is not None and tail.kind == "to_half":
+                    fn = self._rounding_in_place(fn)
             elif kernel.id in self._known_maxima:
                 fn = WITH_KNOWN_MAXIMA["" if tail is None or tail.kind == "to_half" else tail.kind]
                 if tail is not None and tail.kind == "to_half":

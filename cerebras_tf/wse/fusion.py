@@ -12,7 +12,9 @@ fewer over memory (the executor checks each time that the output is a new float3
 Two adjacent independent dense kernels (`dense_groups`: a convolution's input and filter gradients) run in one
 call of a provider that takes kernels together (HostKernels.together: TensorFlow's executor runs them at once).
 A max_pool_grad whose orig_output is the max_pool of its orig_input (`known_maxima`, as in every gradient TF
-builds) reads the window maxima from it instead of taking them again (`WITH_KNOWN_MAXIMA`).
+builds) reads the window maxima from it instead of taking them again (`WITH_KNOWN_MAXIMA`); where their windows
+do not overlap, the pool keeps each window's winning tap for that gradient (`winning_taps`: kernels/pool.py's
+WinningTaps, oneDNN's workspace), which then does not read the pooled input at all.
 Attention's transposes between the heads' layout and batch_matmul's are not copied where sgemm can read or
 write the matrices in place (its leading dimension): a transpose that only batch_matmuls read
 (`lazy_transposes`) hands on a view of its input, and a batch_matmul that only such transposes read
@@ -25,10 +27,11 @@ from __future__ import annotations
 from typing import Collection, Iterable, Iterator, Mapping, Sequence
 
 from cerebras_tf import ir
-from cerebras_tf.wse.kernels import DENSE_KINDS
+from cerebras_tf.wse.kernels import DENSE_KINDS, np_dtype
 from cerebras_tf.wse.kernels._registry import KernelFn
 from cerebras_tf.wse.kernels.fused import FUSED
-from cerebras_tf.wse.kernels.pool import max_pool_grad_of_output, max_pool_grad_of_output_relu_grad
+from cerebras_tf.wse.kernels.pool import (WinningTaps, keeps_winning_taps, max_pool_grad_of_output,
+                                          max_pool_grad_of_output_relu_grad)
 
 
 def _sole_readers(kernels: Sequence[ir.Kernel], readers: Mapping[int, Sequence[int]],
@@ -118,6 +121,33 @@ def known_maxima(kernels: Iterable[ir.Kernel]) -> set[int]:
             if pool is not None and pool.inputs[:1] == kernel.inputs[:1] and pool.attrs == kernel.attrs:
                 known.add(kernel.id)
     return known
+
+
+def winning_taps(kernels: Iterable[ir.Kernel], known: Collection[int], tails: Mapping[int, ir.Kernel],
+                 tensors: Sequence[ir.Tensor]) -> dict[int, WinningTaps]:
+    """Kernel id -> the WinningTaps its max_pool or max_pool_grad runs through, both kernels of each pair where
+    the grad is in `known` (known_maxima), the only max_pool_grad of its pool, and the windows do not overlap
+    (pool.keeps_winning_taps: numba, float32/float64, the gradient of the input's dtype); with a relu_grad
+    where `tails` (producer id -> the tail fused into it: fused_pairs) fuses one into the grad.
+    `kernels`: the whole program."""
+    kernels = list(kernels)
+    pools = {k.outputs[0]: k for k in kernels if k.kind == "max_pool" and k.outputs}
+    grads: dict[int, list[ir.Kernel]] = {}
+    for kernel in kernels:
+        if kernel.kind == "max_pool_grad" and len(kernel.inputs) == 3 and kernel.inputs[1] in pools:
+            grads.setdefault(pools[kernel.inputs[1]].id, []).append(kernel)
+    shared: dict[int, WinningTaps] = {}
+    for pool in pools.values():
+        reading = grads.get(pool.id, [])
+        if len(reading) != 1 or reading[0].id not in known:
+            continue
+        grad = reading[0]
+        x, dy = tensors[pool.inputs[0]], tensors[grad.inputs[2]]
+        if dy.dtype != x.dtype or not keeps_winning_taps(pool.attrs, x.shape, np_dtype(x.dtype)):
+            continue
+        tail = tails.get(grad.id)
+        shared[pool.id] = shared[grad.id] = WinningTaps(relu_grad=tail is not None and tail.kind == "relu_grad")
+    return shared
 
 
 def _keeps_rows(perm: Sequence[int]) -> bool:

@@ -184,32 +184,43 @@ def test_the_gradient_seed_drives_every_gradient(tmp_path):
 def test_fused_relus_give_the_results_of_the_kernels_one_at_a_time(tmp_path, monkeypatch):
     """The zoo CNN's bias_add -> relu, fused_batch_norm -> relu and max_pool_grad -> relu_grad run fused, and
     the half rounding after its avg_pool and fused_batch_norm_grad rounds their outputs in place
-    (wse/fusion.py), and the max_pool_grad reads its window maxima from the max pool's output (known_maxima);
-    the losses and weights after a few float16 steps are those of the unfused kernels, bit for bit."""
+    (wse/fusion.py), and the max_pool_grad routes its gradients by the winning taps its max pool kept
+    (winning_taps), or reads its window maxima from the pool's output (known_maxima); the losses and weights
+    after a few float16 steps are those of the unfused kernels, bit for bit."""
     from cerebras_tf.wse import executor as executor_module
     from cerebras_tf.wse.fusion import WITH_KNOWN_MAXIMA
+    from cerebras_tf.wse.kernels.pool import WinningTaps
     from examples.zoo import cnn
     params = {"batch_size": 8, "image_size": 12, "filters": [4, 8, 8], "num_examples": 64}
     model, program, start = _compiled(tmp_path, casts=True, model_fn=cnn.model_fn, input_fn=cnn.input_fn,
                                       params=params)
     batches = [b for b, _ in zip(cnn.input_fn(params).as_numpy_iterator(), range(4))]
     runs = []
-    for fuse in (True, False):
-        if not fuse:
+    for fuse in ("taps", "maxima", "none"):
+        if fuse != "taps":
+            monkeypatch.setattr(executor_module, "winning_taps", lambda *args, **kw: {})
+        if fuse == "none":
             monkeypatch.setattr(executor_module, "fused_pairs", lambda *args, **kw: {})
             monkeypatch.setattr(executor_module, "rounding_pairs", lambda *args, **kw: {})
             monkeypatch.setattr(executor_module, "known_maxima", lambda *args, **kw: set())
         executor = Executor(program, start, grad_scaler=GradScaler(loss_scale="dynamic"))
         pool_grads = [p.fn for plan in executor._plans for p in plan if p.kernel.kind == "max_pool_grad"]
-        assert pool_grads == ([WITH_KNOWN_MAXIMA["relu_grad"]] if fuse else [KERNELS["max_pool_grad"]])
+        if fuse == "taps":
+            taps, = {p.fn.__self__ for plan in executor._plans for p in plan if p.kernel.kind in ("max_pool",
+                                                                                             "max_pool_grad")}
+            assert isinstance(taps, WinningTaps) and taps.relu_grad
+        else:
+            assert pool_grads == ([WITH_KNOWN_MAXIMA["relu_grad"]] if fuse == "maxima" else [KERNELS["max_pool_grad"]])
         fused = sorted((p.kernel.kind, p.tail.kind) for plan in executor._plans for p in plan if p.tail)
         assert fused == ([("avg_pool", "to_half"), ("bias_add", "relu"), ("fused_batch_norm", "relu"),
-                          ("fused_batch_norm_grad", "to_half"), ("max_pool_grad", "relu_grad")] if fuse else [])
+                          ("fused_batch_norm_grad", "to_half"), ("max_pool_grad", "relu_grad")]
+                         if fuse != "none" else [])
         losses = [executor.step(features, labels).loss for features, labels in batches]
         runs.append((losses, executor.variables()))
-    assert runs[0][0] == runs[1][0]
-    for name, value in runs[0][1].items():
-        np.testing.assert_array_equal(value, runs[1][1][name], err_msg=name)
+    for other in runs[1:]:
+        assert runs[0][0] == other[0]
+        for name, value in runs[0][1].items():
+            np.testing.assert_array_equal(value, other[1][name], err_msg=name)
 
 
 @pytest.mark.parametrize("half_dtype", ["float32", "float16"])

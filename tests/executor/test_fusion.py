@@ -101,6 +101,41 @@ def test_a_max_pool_grad_knows_its_maxima_when_orig_output_is_the_max_pool_of_or
     assert known_maxima(not_pooled) == set()
 
 
+def test_a_max_pool_keeps_its_winning_taps_for_its_only_gradient_where_the_windows_do_not_overlap():
+    """fusion.winning_taps: the pool and its known-maxima gradient share one WinningTaps (relu_grad when one
+    is fused into the gradient); not for overlapping windows, a pool two gradients read, a gradient whose
+    maxima are not known, another dtype, or without numba."""
+    from cerebras_tf.wse.fusion import winning_taps
+    from cerebras_tf.wse.kernels import _jit
+    attrs = {"ksize": [1, 2, 2, 1], "strides": [1, 2, 2, 1], "padding": "VALID", "data_format": "NHWC"}
+    tensors = [ir.Tensor(0, [], "float32", "t0"), ir.Tensor(1, [2, 8, 8, 3], "float32", "x"),
+               ir.Tensor(2, [2, 4, 4, 3], "float32", "y"), ir.Tensor(3, [2, 4, 4, 3], "float32", "dy"),
+               ir.Tensor(4, [2, 8, 8, 3], "float32", "dx"), ir.Tensor(5, [2, 8, 8, 3], "float32", "dx2"),
+               ir.Tensor(6, [2, 4, 4, 3], "float64", "dy64")]
+
+    def program(pool_attrs=attrs, dy: int = 3) -> list[ir.Kernel]:
+        return [ir.Kernel(0, "max_pool", [1], [2], dict(pool_attrs)),
+                ir.Kernel(1, "max_pool_grad", [1, 2, dy], [4], dict(pool_attrs))]
+    relu_grad = ir.Kernel(2, "relu_grad", [4, 1], [5], {})
+
+    def shared(kernels: list[ir.Kernel], known: set[int], tails=None) -> dict[int, bool]:
+        found = winning_taps(kernels, known, tails or {}, tensors)
+        if found:
+            assert found[0] is found[1]
+        return {kid: taps.relu_grad for kid, taps in found.items()}
+    with _jit.use_jit(True):
+        assert shared(program(), {1}) == {0: False, 1: False}
+        assert shared(program(), {1}, {1: relu_grad}) == {0: True, 1: True}
+        assert shared(program({**attrs, "strides": [1, 3, 3, 1]}), {1}) == {0: False, 1: False}  # gaps
+        assert shared(program(), set()) == {}  # maxima not known
+        assert shared(program({**attrs, "ksize": [1, 3, 3, 1], "padding": "SAME"}), {1}) == {}  # overlapping
+        assert shared(program(dy=6), {1}) == {}  # a gradient of another dtype
+        two = [*program(), ir.Kernel(3, "max_pool_grad", [1, 2, 3], [5], dict(attrs))]
+        assert shared(two, {1, 3}) == {}
+    with _jit.use_jit(False):
+        assert shared(program(), {1}) == {}
+
+
 def _transpose(kid: int, inputs: list[int], outputs: list[int], perm=(0, 2, 1, 3), **kw) -> ir.Kernel:
     return ir.Kernel(id=kid, kind="transpose", inputs=inputs, outputs=outputs, attrs={"perm": list(perm)}, **kw)
 

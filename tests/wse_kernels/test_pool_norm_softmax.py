@@ -409,3 +409,53 @@ def test_max_pool_grad_with_known_maxima_is_max_pool_grad_bit_for_bit(shape, ksi
     known = WITH_KNOWN_MAXIMA["relu_grad" if relu else ""](inputs, attrs, None)[0]
     assert known.dtype == expected.dtype
     np.testing.assert_array_equal(known.view(np.uint32), expected.view(np.uint32))
+
+
+@pytest.mark.parametrize("shape,ksize,strides,padding,data_format", [
+    ((2, 8, 8, 3), 2, 2, "VALID", "NHWC"),   # tiles the input
+    ((2, 9, 9, 3), 2, 2, "VALID", "NHWC"),   # a row and column in no window
+    ((2, 7, 7, 3), 3, 3, "SAME", "NHWC"),    # padded
+    ((2, 9, 9, 3), 2, 3, "VALID", "NHWC"),   # gaps between the windows
+    ((2, 3, 8, 8), 2, 2, "VALID", "NCHW"),
+])
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_max_pool_keeping_its_winning_taps_gives_max_pool_and_its_gradient_bit_for_bit(
+        shape, ksize, strides, padding, data_format, relu, dtype, rng, jit):
+    """WinningTaps (the executor's pool and gradient sharing each window's winning tap: fusion.winning_taps):
+    the pool's output is max_pool's, and the gradient from its taps is max_pool_grad's (relu_grad'ed with
+    relu), which reads the pooled input again: ties, NaN and inf windows, -0.0 against 0.0, all -inf windows,
+    windows of no positive value, non-finite gradients. The pool's input is then changed, so a gradient that
+    read it would differ. Without numba both fall back to the kernels that take the maxima again."""
+    from cerebras_tf.wse.kernels.fused import FUSED
+    from cerebras_tf.wse.kernels.pool import WinningTaps, keeps_winning_taps
+    nchw = data_format == "NCHW"
+    x = np.maximum(np.round(rng.standard_normal(shape) * 2), 0).astype(dtype)  # a relu's output: ties
+    nhwc = x.transpose(0, 2, 3, 1) if nchw else x
+    nhwc[0, :2, :2, 0] = 0.0
+    nhwc[0, 0, 1, 0] = -0.0
+    nhwc[1, 0, 0, 1] = np.inf
+    nhwc[1, 2, 2, 2] = np.nan
+    nhwc[1, 3:6, 3:6, 0] = -np.inf
+    nhwc[0, 4:6, 4:6, 1] = -1.0  # a window of no positive value
+    window = [1, ksize, ksize, 1] if not nchw else [1, 1, ksize, ksize]
+    step = [1, strides, strides, 1] if not nchw else [1, 1, strides, strides]
+    attrs = {"ksize": window, "strides": step, "padding": padding, "data_format": data_format}
+    assert keeps_winning_taps(attrs, shape, np.dtype(dtype)) == (jit == "numba")
+    y = run("max_pool", [x], attrs)[0]
+    g = rng.standard_normal(y.shape).astype(dtype)
+    g.flat[:3] = [np.inf, -np.inf, np.nan]
+    if relu:
+        expected = FUSED[("max_pool_grad", "relu_grad")].fn([x, y, g], attrs, None)[0]
+    else:
+        expected = run("max_pool_grad", [x, y, g], attrs)[0]
+    taps = WinningTaps(relu_grad=relu)
+    pooled = taps.max_pool([x], attrs, None)[0]
+    bits = np.uint32 if dtype == np.float32 else np.uint64
+    np.testing.assert_array_equal(pooled.view(bits), y.view(bits))
+    x_then = x.copy()
+    if jit == "numba":
+        x[...] = 7.0  # the gradient does not read the pooled input again
+    dx = taps.max_pool_grad([x, y, g], attrs, None)[0]
+    assert dx.dtype == expected.dtype and dx.shape == x_then.shape
+    np.testing.assert_array_equal(dx.view(bits), expected.view(bits))

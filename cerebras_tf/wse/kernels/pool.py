@@ -222,6 +222,72 @@ def _max_pool_grad_tiles_known(x: np.ndarray, y: np.ndarray, grad_bits: np.ndarr
                             dx_bits[n, r, q, k] = grad_bits[n, i0, j0, k] & hit
 
 
+# A window's entry in a WinningTaps array when no tap takes its gradient (its max is NaN, or, with a relu_grad
+# fused into the gradient, not > 0).
+NO_TAP = 255
+
+
+@_jit.jit
+def _max_pool_taps_loop(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, pl: int, low: Any,
+                        relu_grad: bool, out: np.ndarray, taps: np.ndarray, lo: int, hi: int) -> None:
+    """_max_pool_loop that also writes each window's winning tap (i * kw + j) into taps (uint8, out's shape): the
+    first tap equal to the window max, where max_pool_grad routes its gradient; NO_TAP where none takes it (a
+    NaN max; with relu_grad, a max not > 0). Walking the taps, the first tap moves only to a strictly greater
+    value, so it is the first tap equal to the final max."""
+    h, w, c = x.shape[1], x.shape[2], x.shape[3]
+    oh, ow = out.shape[1], out.shape[2]
+    none = np.uint8(NO_TAP)
+    every = not relu_grad
+    for n in range(lo, hi):
+        for i0 in range(oh):
+            for j0 in range(ow):
+                for k in range(c):
+                    out[n, i0, j0, k] = low
+                    taps[n, i0, j0, k] = none
+                for i in range(kh):
+                    r = i0 * sh + i - pt
+                    if r < 0 or r >= h:
+                        continue
+                    for j in range(kw):
+                        q = j0 * sw + j - pl
+                        if q < 0 or q >= w:
+                            continue
+                        t = np.uint8(i * kw + j)
+                        for k in range(c):
+                            a, b, f = out[n, i0, j0, k], x[n, r, q, k], taps[n, i0, j0, k]
+                            taps[n, i0, j0, k] = t if (b > a) | (f == none) else f
+                            out[n, i0, j0, k] = a if ((a > b) | (a != a)) & (f != none) else b  # np.maximum(a, b)
+                for k in range(c):
+                    m = out[n, i0, j0, k]
+                    if m != m or not (every or m > 0):
+                        taps[n, i0, j0, k] = none
+
+
+@_jit.jit
+def _max_pool_grad_of_taps(taps: np.ndarray, grad_bits: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int,
+                           pl: int, dx_bits: np.ndarray, lo: int, hi: int) -> None:
+    """Non-overlapping windows: dx_bits[n] (dx viewed as integers) gets, for n in [lo, hi), each window's
+    gradient bits at its winning tap (_max_pool_taps_loop's taps) and 0 at its other taps; elements in no
+    window are not written."""
+    h, w, c = dx_bits.shape[1], dx_bits.shape[2], dx_bits.shape[3]
+    oh, ow = grad_bits.shape[1], grad_bits.shape[2]
+    for n in range(lo, hi):
+        for i0 in range(oh):
+            for i in range(kh):
+                r = i0 * sh + i - pt
+                if r < 0 or r >= h:
+                    continue
+                for j0 in range(ow):
+                    for j in range(kw):
+                        q = j0 * sw + j - pl
+                        if q < 0 or q >= w:
+                            continue
+                        t = np.uint8(i * kw + j)
+                        for k in range(c):
+                            hit = taps[n, i0, j0, k] == t
+                            dx_bits[n, r, q, k] = grad_bits[n, i0, j0, k] & -grad_bits.dtype.type(hit)
+
+
 @_jit.jit
 def _avg_pool_loop(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, pl: int, counts: np.ndarray,
                    out: np.ndarray, lo: int, hi: int) -> None:
@@ -403,6 +469,65 @@ def _max_pool_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Kern
         else:  # each input element belongs to one window at most
             dxp[:, rs, cs, :] = keep_where(hit, gn)
     return [_back(g.unpad(dxp), g)]
+
+
+def keeps_winning_taps(attrs: Mapping[str, Any], shape: Sequence[int], dtype: np.dtype) -> bool:
+    """Whether a max_pool of these attrs on an input of `shape` and `dtype` may run through WinningTaps:
+    windows that do not overlap, of fewer than NO_TAP taps, float32/float64 under numba."""
+    g = _geom(attrs, shape)
+    return (_jit.enabled() and np.dtype(dtype) in _JIT_DTYPES and g.kh <= g.sh and g.kw <= g.sw
+            and g.kh * g.kw < NO_TAP)
+
+
+class WinningTaps:
+    """One max_pool and the max_pool_grad of its output (the executor's `known_maxima`, windows that do not
+    overlap: `keeps_winning_taps`) sharing each window's winning tap, as oneDNN's pooling keeps a workspace.
+    The pool writes one byte a window beside its output: the tap the gradient goes to (_max_pool_taps_loop);
+    the gradient then writes dx from those bytes and its own input, without reading the pooled input again
+    (the zoo CNN's 8 MB, out of cache by then: its 2x2/2 pool gradient 1.2-1.6 -> 0.5-0.8 ms measured cold, the
+    pool 0.01-0.05 ms slower). The same bits as max_pool_grad(_relu_grad) on the pool's input and output.
+    `relu_grad`: a relu_grad on the pooled input is fused into the gradient (relu_grad(dx, x)); the tap of a
+    window whose max is not > 0 then takes nothing. The bytes live from the pool to its gradient in the same
+    step (the executor runs the gradient after the pool: it reads the pool's output); the gradient takes them."""
+
+    def __init__(self, relu_grad: bool) -> None:
+        self.relu_grad = relu_grad
+        self._taps: np.ndarray | None = None
+
+    def max_pool(self, inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+        """max_pool, keeping the window's winning taps for the gradient (NHWC; an NCHW pool is transposed)."""
+        x = inputs[0]
+        g = _geom(attrs, x.shape)
+        if not _jit_ok(x):
+            self._taps = None
+            return max_pool(inputs, attrs, ctx)
+        xn = np.ascontiguousarray(_nhwc(x, g))
+        out = empty_aligned((g.n, g.oh, g.ow, g.c), x.dtype)
+        taps = np.empty((g.n, g.oh, g.ow, g.c), np.uint8)
+        low = _low(x.dtype)
+        split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _max_pool_taps_loop(
+            xn, *_geometry(g), low, self.relu_grad, out, taps, lo, hi))
+        self._taps = taps
+        return [_back(out, g)]
+
+    def max_pool_grad(self, inputs: list[np.ndarray], attrs: Mapping[str, Any],
+                      ctx: KernelContext) -> list[np.ndarray]:
+        """max_pool_grad(x, y, grad) (relu_grad'ed on the way out with `relu_grad`) from the pool's taps; without
+        them (the pool ran without numba), as max_pool_grad_of_output(_relu_grad)."""
+        taps, self._taps = self._taps, None
+        x, _, grad = inputs
+        g = _geom(attrs, x.shape)
+        if taps is None or not _jit_ok(grad) or grad.dtype != x.dtype or taps.shape != (g.n, g.oh, g.ow, g.c):
+            return _max_pool_grad(inputs, attrs, ctx, relu_grad=self.relu_grad, known=True)
+        gn = np.ascontiguousarray(_nhwc(grad, g))
+        dx = empty_aligned((g.n, g.h, g.w, g.c), grad.dtype)
+        if not _tiled(g):
+            dx.fill(0)  # elements in no window
+        bits = gn.view(f"i{gn.dtype.itemsize}")
+        dx_bits = dx.view(bits.dtype)
+        split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _max_pool_grad_of_taps(
+            taps, bits, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, dx_bits, lo, hi))
+        return [_back(dx, g)]
 
 
 def _counts(g: Geom) -> np.ndarray:
