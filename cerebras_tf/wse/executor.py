@@ -37,8 +37,9 @@ the caller may hand in (numpy/OpenBLAS by default; kernels/host_kernels.py). Wit
 kernels whose inputs are ready run at once on the host's threads (wse/dataflow.py: the same bits
 as one at a time, in program order, which CEREBRAS_TF_EXECUTOR_THREADS=1 or `threads=1` selects).
 A relu that is the only reader of a bias_add's or fused_batch_norm's output runs fused into it, as
-does a relu_grad into the max_pool_grad before it: one pass, the same bits (wse/fusion.py); a max_pool keeps
-its windows' winning taps for its gradient, which then does not read the pooled input again (fusion.winning_taps).
+does a relu_grad into the max_pool_grad or avg_pool_grad before it: one pass, the same bits (wse/fusion.py);
+a max_pool keeps its windows' winning taps for its gradient, which then does not read the pooled input again
+(fusion.winning_taps).
 Chains of elementwise kernels (an Adam update, layer-norm and GELU arithmetic, a `to_half` after them)
 run as one generated numba loop each, where the last member is, with the same bits (wse/chains.py; off
 with CEREBRAS_TF_FUSE_CHAINS=0 or CEREBRAS_TF_JIT=0); with chains on, phase 1's elementwise kernels that
@@ -62,7 +63,7 @@ from cerebras_tf import ir
 from cerebras_tf.wse import chains as _chains
 from cerebras_tf.wse import dataflow, denormals, memory, threads
 from cerebras_tf.wse.fusion import (WITH_KNOWN_MAXIMA, dense_groups, fused_pairs, known_maxima, lazy_transposes,
-                                    rounding_pairs, transposed_outputs, winning_taps)
+                                    rounding_pairs, taken_by_tail, transposed_outputs, winning_taps)
 from cerebras_tf.wse.kernels import (DENSE_KINDS, KERNELS, NUMPY_HOST_KERNELS, HostKernels, KernelContext,
                                     KernelInputError, np_dtype)
 from cerebras_tf.wse.kernels._registry import KernelFn
@@ -112,6 +113,7 @@ class _Planned:
     beside: ir.Kernel | None = None  # computed in the same provider call (fusion.dense_groups); fn takes and
     # returns both kernels' inputs and outputs, the kernel's first
     absorbed: list[ir.Kernel] = dataclasses.field(default_factory=list)  # assigns the chain writes for
+    taken: list[int] = dataclasses.field(default_factory=list)  # the tail's inputs fn takes after the kernel's
 
     @property
     def alone(self) -> bool:
@@ -128,7 +130,9 @@ class _Planned:
     @property
     def inputs(self) -> list[int]:
         """The tensors fn takes."""
-        return self.kernel.inputs if self.beside is None else [*self.kernel.inputs, *self.beside.inputs]
+        if self.beside is not None:
+            return [*self.kernel.inputs, *self.beside.inputs]
+        return [*self.kernel.inputs, *self.taken] if self.taken else self.kernel.inputs
 
     @property
     def outputs(self) -> list[int]:
@@ -431,6 +435,7 @@ class Executor:
             tail = pairs.get(kernel.id)
             fn: Callable[..., list[np.ndarray]]
             assigns: dict[int, ir.Kernel] = {}
+            taken: list[int] = []
             if chain is not None:
                 fn = chain.fn
                 assigns = into[id(chain)]
@@ -457,6 +462,7 @@ class Executor:
                 fn = self._rounding_in_place(KERNELS[kernel.kind])
             elif tail is not None:
                 fn = FUSED[(kernel.kind, tail.kind)].fn
+                taken = taken_by_tail(kernel, tail)
             elif kernel.kind in ("gradient_seed", "to_half"):
                 fn = getattr(self, f"_{kernel.kind}")
             elif kernel.id in self._lazy_transposes:
@@ -469,7 +475,7 @@ class Executor:
                                 host_kernels=self.host_kernels)
             writes = bool(kernel.vars) and kernel.kind not in ir.READS_VARIABLES
             planned.append(_Planned(kernel, fn, ctx, writes, tail=tail, chain=chain, absorbed=list(assigns.values()),
-                                    beside=beside))
+                                    beside=beside, taken=taken))
         return planned
 
     def _reuse_dead_inputs(self, fresh: set[int], made_by: Mapping[int, _Planned]) -> None:

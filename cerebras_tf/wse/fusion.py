@@ -1,9 +1,10 @@
 """Which kernel pairs of a program the executor runs as one fused kernel (kernels/fused.py).
 
 A pair is a producer and a tail of a kind pair in `FUSED` where the tail is the only kernel reading the
-producer's first output, takes it as its first input and then exactly the producer inputs the pair's
-`tail_reads` names, and that output is not streamed out or kept (a gradient); neither kernel is guarded
-nor writes a variable.
+producer's first output, takes it as its first input, then exactly the producer inputs the pair's
+`tail_reads` names, then `tail_takes` tensors of its own made before the producer (a relu's output for
+avg_pool_grad -> relu_grad), and that output is not streamed out or kept (a gradient); neither kernel is
+guarded nor writes a variable.
 Running the tail at the producer's place is then safe: everything it reads exists there, and nothing
 else sees the intermediate tensor, which is never stored.
 A `to_half` that is the only reader of the first output of a kernel in `ROUNDS_IN_PLACE` (`rounding_pairs`)
@@ -55,13 +56,29 @@ def _sole_readers(kernels: Sequence[ir.Kernel], readers: Mapping[int, Sequence[i
 def fused_pairs(kernels: Sequence[ir.Kernel], readers: Mapping[int, Sequence[int]],
                 keep: Collection[int]) -> dict[int, ir.Kernel]:
     """Producer kernel id -> the tail kernel fused into it, among `kernels` (one phase, in order);
-    `readers` maps every tensor of the program to the ids of the kernels that read it."""
+    `readers` maps every tensor of the program to the ids of the kernels that read it. A tail's inputs after
+    those its pair names from the producer (Fused.tail_takes) must exist where the producer runs: made by an
+    earlier kernel of the phase, or before it."""
+    made_at = {t: i for i, k in enumerate(kernels) for t in k.outputs}
+    position = {k.id: i for i, k in enumerate(kernels)}
     pairs: dict[int, ir.Kernel] = {}
     for producer, tail in _sole_readers(kernels, readers, keep):
         fused = FUSED.get((producer.kind, tail.kind))
-        if fused is not None and tail.inputs == [producer.outputs[0], *(producer.inputs[i] for i in fused.tail_reads)]:
+        if fused is None:
+            continue
+        named = [producer.outputs[0], *(producer.inputs[i] for i in fused.tail_reads)]
+        taken = tail.inputs[len(named):]
+        if (tail.inputs[:len(named)] == named and len(taken) == fused.tail_takes
+                and all(made_at.get(t, -1) < position[producer.id] for t in taken)):
             pairs[producer.id] = tail
     return pairs
+
+
+def taken_by_tail(producer: ir.Kernel, tail: ir.Kernel) -> list[int]:
+    """The tensors a fused pair's function takes after the producer's inputs: the tail's last
+    Fused.tail_takes inputs."""
+    takes = FUSED[(producer.kind, tail.kind)].tail_takes
+    return tail.inputs[len(tail.inputs) - takes:] if takes else []
 
 
 # Kinds whose first output is a new array of their own (none returns an input, a view of one, or a buffer it

@@ -50,6 +50,22 @@ def test_a_tail_reads_after_the_intermediate_exactly_the_producer_inputs_its_pai
     assert _pairs(swapped) == {}
 
 
+def test_a_tail_may_take_a_tensor_of_its_own_that_exists_where_the_producer_runs():
+    """avg_pool_grad(g) -> relu_grad(dx, features): the fused kernel takes the features after g (Fused.tail_takes),
+    when they are made before the avg_pool_grad (or outside the phase), not after it."""
+    from cerebras_tf.wse.fusion import taken_by_tail
+    pool_grad = [_kernel(0, "relu", [9], [1]), _kernel(1, "avg_pool_grad", [2], [3]),
+                 _kernel(2, "relu_grad", [3, 1], [4])]
+    assert _pairs(pool_grad) == {1: "relu_grad"}
+    assert taken_by_tail(pool_grad[1], pool_grad[2]) == [1]
+    assert _pairs(pool_grad[1:]) == {1: "relu_grad"}  # the features made in an earlier phase
+    late = [_kernel(1, "avg_pool_grad", [2], [3]), _kernel(0, "relu", [9], [1]), _kernel(2, "relu_grad", [3, 1], [4])]
+    assert _pairs(late) == {}  # the features do not exist yet where the avg_pool_grad runs
+    no_features = [_kernel(1, "avg_pool_grad", [2], [3]), _kernel(2, "relu_grad", [3], [4])]
+    assert _pairs(no_features) == {}
+    assert taken_by_tail(_kernel(0, "bias_add", [1, 2], [3]), _kernel(1, "relu", [3], [4])) == []
+
+
 def test_a_half_rounding_that_alone_reads_a_new_array_rounds_it_in_place():
     from cerebras_tf.wse.fusion import rounding_pairs
 

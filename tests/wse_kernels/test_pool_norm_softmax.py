@@ -217,6 +217,37 @@ def test_avg_pool_grad_of_non_overlapping_windows_writes_each_element_once(shape
         _assert_bits_equal(jitted[0], R.AvgPoolGrad(orig_input_shape=list(shape), grad=g, **kw).numpy())
 
 
+@pytest.mark.parametrize("shape,ksize,strides,padding,data_format", [
+    ((2, 8, 8, 3), 2, 2, "VALID", "NHWC"),   # tiles the input
+    ((2, 9, 9, 3), 2, 3, "VALID", "NHWC"),   # gaps between the windows
+    ((2, 7, 7, 3), 3, 3, "SAME", "NHWC"),    # padded
+    ((2, 7, 7, 3), 3, 2, "SAME", "NHWC"),    # overlapping: avg_pool_grad, then relu_grad
+    ((2, 3, 8, 8), 2, 2, "VALID", "NCHW"),
+])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_avg_pool_grad_relu_grad_is_the_two_kernels_bit_for_bit(shape, ksize, strides, padding, data_format,
+                                                                      dtype, rng, jit):
+    """relu_grad(avg_pool_grad(g), features) in one walk (kernels/fused.py): features of a relu's output (zeros,
+    -0.0, NaN, inf, negatives where a relu's input would be) and gradients with -0.0, inf and NaN."""
+    from cerebras_tf.wse.kernels.fused import FUSED
+    nchw = data_format == "NCHW"
+    features = np.maximum(rng.standard_normal(shape), 0).astype(dtype)
+    flat = features.reshape(-1)
+    flat[:6] = [-0.0, np.nan, np.inf, -1.0, 0.0, -np.inf]
+    window = [1, 1, ksize, ksize] if nchw else [1, ksize, ksize, 1]
+    step = [1, 1, strides, strides] if nchw else [1, strides, strides, 1]
+    attrs = {"ksize": window, "strides": step, "padding": padding, "data_format": data_format,
+             "orig_input_shape": list(shape)}
+    pooled = run("avg_pool", [features], {k: v for k, v in attrs.items() if k != "orig_input_shape"})[0]
+    g = rng.standard_normal(pooled.shape).astype(dtype)
+    g.reshape(-1)[:4] = [-0.0, np.inf, np.nan, -np.inf]
+    fused = FUSED[("avg_pool_grad", "relu_grad")].fn([g, features], attrs, None)[0]
+    expected = run("relu_grad", [run("avg_pool_grad", [g], attrs)[0], features])[0]
+    bits = np.uint32 if dtype == np.float32 else np.uint64
+    assert fused.dtype == expected.dtype and fused.shape == expected.shape
+    np.testing.assert_array_equal(fused.view(bits), expected.view(bits))
+
+
 @pytest.mark.parametrize("kind", ["max_pool", "max_pool_grad", "avg_pool", "avg_pool_grad"])
 def test_pool_numba_loops_split_across_threads_are_bit_identical(kind, rng, monkeypatch):
     """Big enough to be split by image across several threads (three here, whatever the host has)."""

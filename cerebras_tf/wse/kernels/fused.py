@@ -1,12 +1,13 @@
 """Kernel pairs the executor runs as one kernel: a producer and the tail that is the only reader of its
-first output: bias_add -> relu and fused_batch_norm -> relu (as TF's CPU graph fuses them too), and
-max_pool_grad -> relu_grad where the relu's output is what was pooled (the gradient through a conv
-block's relu + max pool).
+first output: bias_add -> relu and fused_batch_norm -> relu (as TF's CPU graph fuses them too),
+max_pool_grad -> relu_grad where the relu's output is what was pooled, and avg_pool_grad -> relu_grad
+(the gradients through a conv block's relu + pool).
 
-`FUSED[(producer kind, tail kind)]` is a `Fused`: `fn` takes the producer's inputs and attrs and returns
-the producer's outputs with the first one passed through the tail; `tail_reads` are the producer inputs
-(by index) the tail takes after that first output. Each gives the same bits as the two kernels one after
-the other, in one pass over memory instead of two; other dtypes and layouts compose the two kernels.
+`FUSED[(producer kind, tail kind)]` is a `Fused`: `fn` takes the producer's inputs (then the tail's
+`tail_takes` last inputs) and attrs and returns the producer's outputs with the first one passed through
+the tail; `tail_reads` are the producer inputs (by index) the tail takes after that first output. Each gives
+the same bits as the two kernels one after the other, in one pass over memory instead of two; other dtypes
+and layouts compose the two kernels.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import numpy as np
 from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._registry import KERNELS, KernelContext, KernelFn
 from cerebras_tf.wse.kernels.norm import batch_norm
-from cerebras_tf.wse.kernels.pool import max_pool_grad_relu_grad
+from cerebras_tf.wse.kernels.pool import avg_pool_grad_relu_grad, max_pool_grad_relu_grad
 from cerebras_tf.wse.memory import empty_aligned
 from cerebras_tf.wse.threads import STREAMING_MIN_ELEMENTS_PER_THREAD, split_range
 
@@ -60,10 +61,12 @@ def fused_batch_norm_relu(inputs: list[np.ndarray], attrs: Mapping[str, Any],
 class Fused:
     fn: KernelFn
     tail_reads: tuple[int, ...] = ()  # producer input indices the tail reads after the producer's output
+    tail_takes: int = 0  # tail inputs after those (made before the producer), fn's inputs after the producer's
 
 
 FUSED: dict[tuple[str, str], Fused] = {
     ("bias_add", "relu"): Fused(bias_add_relu),
     ("fused_batch_norm", "relu"): Fused(fused_batch_norm_relu),
     ("max_pool_grad", "relu_grad"): Fused(max_pool_grad_relu_grad, tail_reads=(0,)),  # relu_grad(dx, x)
+    ("avg_pool_grad", "relu_grad"): Fused(avg_pool_grad_relu_grad, tail_takes=1),  # relu_grad(dx, f)
 }

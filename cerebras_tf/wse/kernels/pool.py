@@ -336,10 +336,12 @@ def _avg_pool_grad_loop(grad: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt
 
 @_jit.jit
 def _avg_pool_grad_tiles(grad: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, pl: int,
-                         counts: np.ndarray, zero: Any, dx: np.ndarray, lo: int, hi: int) -> None:
+                         counts: np.ndarray, zero: Any, features: np.ndarray, relu_grad: bool, dx: np.ndarray,
+                         lo: int, hi: int) -> None:
     """_avg_pool_grad_loop for windows that do not overlap: each input element in a window is written once,
     `zero` + its window's share (what the loop's sum of that one share onto a zero is: -0 becomes +0);
-    elements in no window are left as they are (the caller's zeros)."""
+    elements in no window are left as they are (the caller's zeros). With relu_grad, relu_grad(dx, features)
+    in the same walk: +0 where the feature (NHWC, dx's shape) is not > 0."""
     h, w, c = dx.shape[1], dx.shape[2], dx.shape[3]
     oh, ow = grad.shape[1], grad.shape[2]
     for n in range(lo, hi):
@@ -354,8 +356,13 @@ def _avg_pool_grad_tiles(grad: np.ndarray, kh: int, kw: int, sh: int, sw: int, p
                         q = j0 * sw + j - pl
                         if q < 0 or q >= w:
                             continue
-                        for k in range(c):
-                            dx[n, r, q, k] = zero + grad[n, i0, j0, k] / d
+                        if relu_grad:
+                            for k in range(c):
+                                v = zero + grad[n, i0, j0, k] / d
+                                dx[n, r, q, k] = v if features[n, r, q, k] > 0 else zero
+                        else:
+                            for k in range(c):
+                                dx[n, r, q, k] = zero + grad[n, i0, j0, k] / d
 
 
 def _max(xn: np.ndarray, g: Geom) -> tuple[np.ndarray, np.ndarray]:
@@ -562,25 +569,53 @@ def avg_pool_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Kerne
     """AvgPoolGrad(grad) with attr orig_input_shape. With numba, windows that do not overlap write each element
     once (`_avg_pool_grad_tiles`; no zero fill where they tile the input: the zoo CNN's 2x2/2 pool gradient
     0.17 -> 0.11 ms hot, 0.32 -> 0.25 cold), overlapping ones add each share onto zeros; the same bits."""
-    grad = inputs[0]
-    g = _geom(attrs, list(attrs["orig_input_shape"]))
+    return _avg_pool_grad(inputs[0], attrs, ctx, None)
+
+
+def avg_pool_grad_relu_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any],
+                            ctx: KernelContext) -> list[np.ndarray]:
+    """relu_grad(avg_pool_grad(grad), features) for inputs (grad, features): the pooled input was a relu's
+    output (a conv block's relu + average pool); for windows that do not overlap with numba, in
+    avg_pool_grad's own walk (one pass: dx is not written and read again), the same bits."""
+    grad, features = inputs
+    return _avg_pool_grad(grad, attrs, ctx, features)
+
+
+def _avg_pool_grad(grad: np.ndarray, attrs: Mapping[str, Any], ctx: KernelContext,
+                   features: np.ndarray | None) -> list[np.ndarray]:
+    """avg_pool_grad, and relu_grad(dx, features) on the way out when `features` is given."""
+    shape = [int(v) for v in attrs["orig_input_shape"]]
+    g = _geom(attrs, shape)
+    relu = features is not None
+    if _jit_ok(grad) and g.kh <= g.sh and g.kw <= g.sw and (
+            features is None or (features.dtype == grad.dtype and list(features.shape) == shape)):
+        gn = np.ascontiguousarray(_nhwc(grad, g))
+        counts = np.ascontiguousarray(_counts(g)[0, :, :, 0].astype(grad.dtype))
+        # no element in two windows: each written once, no zero fill where tiled
+        dx = empty_aligned((g.n, g.h, g.w, g.c), grad.dtype)
+        if not _tiled(g):
+            dx.fill(0)
+        zero = grad.dtype.type(0)
+        fn = np.ascontiguousarray(_nhwc(features, g)) if features is not None else dx[:1, :1, :1, :1]
+        split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _avg_pool_grad_tiles(
+            gn, *_geometry(g), counts, zero, fn, relu, dx, lo, hi))
+        return [_back(dx, g)]
+    dx = _avg_pool_grad_alone(grad, g)
+    return relu_grad_kernel([dx, features], {}, ctx) if features is not None else [dx]
+
+
+def _avg_pool_grad_alone(grad: np.ndarray, g: Geom) -> np.ndarray:
+    """avg_pool_grad's dx where the windows-do-not-overlap loop does not run: overlapping windows add each
+    share onto zeros (numba), or the numpy code."""
     if _jit_ok(grad):
         gn = np.ascontiguousarray(_nhwc(grad, g))
         counts = np.ascontiguousarray(_counts(g)[0, :, :, 0].astype(grad.dtype))
-        if g.kh <= g.sh and g.kw <= g.sw:  # no element in two windows: each written once, no zero fill where tiled
-            dx = empty_aligned((g.n, g.h, g.w, g.c), grad.dtype)
-            if not _tiled(g):
-                dx.fill(0)
-            zero = grad.dtype.type(0)
-            split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _avg_pool_grad_tiles(
-                gn, *_geometry(g), counts, zero, dx, lo, hi))
-            return [_back(dx, g)]
         dx = np.zeros((g.n, g.h, g.w, g.c), grad.dtype)
         split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _avg_pool_grad_loop(
             gn, *_geometry(g), counts, dx, lo, hi))
-        return [_back(dx, g)]
+        return _back(dx, g)
     share = _nhwc(grad, g) / _counts(g).astype(grad.dtype)
     dxp = np.zeros(g.padded_shape(), grad.dtype)
     for _, _, rs, cs in g.taps():
         dxp[:, rs, cs, :] += share
-    return [_back(g.unpad(dxp), g)]
+    return _back(g.unpad(dxp), g)
