@@ -220,7 +220,8 @@ class Executor:
     """Runs `program` on numpy arrays; `variables` maps every program variable name to its value.
     `host_kernels` provides the dense arithmetic (numpy/OpenBLAS when None); `threads`: how many kernels
     may run at once (1: one at a time, in program order; None: CEREBRAS_TF_EXECUTOR_THREADS, else the
-    faster of 1 and every core, measured on the first steps: dataflow.ThreadChoice)."""
+    faster of 1 and every core, measured on the first steps: dataflow.ThreadChoice; 1 where dense kernels
+    dominate the step or the provider's library keeps its own threads on the cores: HostKernels.spinning_pool)."""
 
     def __init__(self, program: ir.Program, variables: Mapping[str, np.ndarray],
                  grad_scaler: GradScaler | None = None, half_dtype: str | None = None,
@@ -260,7 +261,12 @@ class Executor:
         # itself, into blocks fixed by their shapes: host_numpy.SPLIT_BLOCKS) unless dense kernels dominate the
         # step, where side by side has little to win
         self._hold_blas = not dense_bound(program)
-        choices = dataflow.thread_choices() if self._hold_blas else (1,)
+        # A provider whose library keeps its own threads on every core after each call (TF's pool): one kernel at
+        # a time, as where dense kernels dominate. Side by side, our kernels and its threads oversubscribe the
+        # cores (the zoo CNN's step 7% slower on two threads in float32, 14% in float16), and ThreadChoice's
+        # trials, steps a few percent apart, still picked two in some runs.
+        side_by_side = self._hold_blas and not self.host_kernels.spinning_pool
+        choices = dataflow.thread_choices() if side_by_side else (1,)
         self._threads = dataflow.ThreadChoice((threads,) if threads is not None else choices)
         self._threads_now = self._threads.next()
         self._plans = tuple(self._plan(kernels) for kernels in self._phases)

@@ -263,6 +263,22 @@ def test_the_thread_counts_come_from_the_environment(monkeypatch):
             dataflow.thread_choices()
 
 
+def test_a_provider_whose_library_keeps_its_threads_on_the_cores_runs_one_kernel_at_a_time(monkeypatch):
+    """With TF's kernels (HostKernels.spinning_pool) the executor runs one kernel at a time from the first step,
+    as where dense kernels dominate; with numpy's it measures one thread against every core."""
+    from cerebras_tf import ir
+    from cerebras_tf.wse.executor import Executor
+    from cerebras_tf.wse.kernels import NUMPY_HOST_KERNELS
+    monkeypatch.delenv(dataflow.ENV_VAR, raising=False)
+    monkeypatch.setattr(threads, "host_threads", lambda: 2)
+    tensors = [ir.Tensor(0, [64, 64], "float32", "x"), ir.Tensor(1, [64, 64], "float32", "y")]
+    program = ir.Program(mode="eval", tensors=tensors, kernels=[ir.Kernel(0, "neg", [0], [1], {})], variables=[],
+                         inputs={"features": 0}, outputs={"predictions": 1})
+    assert Executor(program, {}).threads is None  # measuring 1 against 2
+    spinning = dataclasses.replace(NUMPY_HOST_KERNELS, spinning_pool=True)
+    assert Executor(program, {}, host_kernels=spinning).threads == 1
+
+
 def test_the_choice_keeps_the_count_whose_steps_were_faster():
     choice = dataflow.ThreadChoice((1, 2))
     seconds = {1: 0.010, 2: 0.006}
