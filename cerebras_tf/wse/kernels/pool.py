@@ -71,17 +71,31 @@ def _geometry(g: Geom) -> tuple[int, int, int, int, int, int]:
     return g.kh, g.kw, g.sh, g.sw, g.pt, g.pl
 
 
+# A window's entry in a WinningTaps array when no tap takes its gradient (its max is NaN, or, with a relu_grad
+# fused into the gradient, not > 0).
+NO_TAP = 255
+
+
 @_jit.jit
 def _max_pool_loop(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, pl: int, low: Any,
-                   out: np.ndarray, lo: int, hi: int) -> None:
-    """out[n] = the window max of NHWC x[n] for n in [lo, hi), as the numpy code's np.maximum over taps."""
+                   out: np.ndarray, taps: np.ndarray | None, relu_grad: bool, lo: int, hi: int) -> None:
+    """out[n] = the window max of NHWC x[n] for n in [lo, hi), as the numpy code's np.maximum over taps. With taps
+    (uint8, out's shape: WinningTaps), also each window's winning tap (i * kw + j): the first tap equal to the
+    window max, where max_pool_grad routes its gradient; NO_TAP where none takes it (a NaN max; with relu_grad,
+    a max not > 0). Walking the taps, the winner moves only to a strictly greater value (or from no valid tap
+    yet), so it is the first tap equal to the final max. taps None is a type of its own: numba compiles the
+    loop without the taps' branches for it (as fast as a loop without them)."""
     h, w, c = x.shape[1], x.shape[2], x.shape[3]
     oh, ow = out.shape[1], out.shape[2]
+    none = np.uint8(NO_TAP)
     for n in range(lo, hi):
         for i0 in range(oh):
             for j0 in range(ow):
                 for k in range(c):
                     out[n, i0, j0, k] = low
+                if taps is not None:
+                    for k in range(c):
+                        taps[n, i0, j0, k] = none
                 for i in range(kh):
                     r = i0 * sh + i - pt
                     if r < 0 or r >= h:
@@ -90,9 +104,21 @@ def _max_pool_loop(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, p
                         q = j0 * sw + j - pl
                         if q < 0 or q >= w:
                             continue
-                        for k in range(c):
-                            a, b = out[n, i0, j0, k], x[n, r, q, k]
-                            out[n, i0, j0, k] = a if (a > b or a != a) else b  # np.maximum(a, b)
+                        if taps is not None:
+                            t = np.uint8(i * kw + j)
+                            for k in range(c):
+                                a, b, f = out[n, i0, j0, k], x[n, r, q, k], taps[n, i0, j0, k]
+                                taps[n, i0, j0, k] = t if (b > a) | (f == none) else f
+                                out[n, i0, j0, k] = a if (a > b or a != a) else b  # np.maximum(a, b)
+                        else:
+                            for k in range(c):
+                                a, b = out[n, i0, j0, k], x[n, r, q, k]
+                                out[n, i0, j0, k] = a if (a > b or a != a) else b  # np.maximum(a, b)
+                if taps is not None:
+                    for k in range(c):
+                        m = out[n, i0, j0, k]
+                        if m != m or (relu_grad and not m > 0):
+                            taps[n, i0, j0, k] = none
 
 
 @_jit.jit
@@ -222,52 +248,11 @@ def _max_pool_grad_tiles_known(x: np.ndarray, y: np.ndarray, grad_bits: np.ndarr
                             dx_bits[n, r, q, k] = grad_bits[n, i0, j0, k] & hit
 
 
-# A window's entry in a WinningTaps array when no tap takes its gradient (its max is NaN, or, with a relu_grad
-# fused into the gradient, not > 0).
-NO_TAP = 255
-
-
-@_jit.jit
-def _max_pool_taps_loop(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, pl: int, low: Any,
-                        relu_grad: bool, out: np.ndarray, taps: np.ndarray, lo: int, hi: int) -> None:
-    """_max_pool_loop that also writes each window's winning tap (i * kw + j) into taps (uint8, out's shape): the
-    first tap equal to the window max, where max_pool_grad routes its gradient; NO_TAP where none takes it (a
-    NaN max; with relu_grad, a max not > 0). Walking the taps, the first tap moves only to a strictly greater
-    value, so it is the first tap equal to the final max."""
-    h, w, c = x.shape[1], x.shape[2], x.shape[3]
-    oh, ow = out.shape[1], out.shape[2]
-    none = np.uint8(NO_TAP)
-    every = not relu_grad
-    for n in range(lo, hi):
-        for i0 in range(oh):
-            for j0 in range(ow):
-                for k in range(c):
-                    out[n, i0, j0, k] = low
-                    taps[n, i0, j0, k] = none
-                for i in range(kh):
-                    r = i0 * sh + i - pt
-                    if r < 0 or r >= h:
-                        continue
-                    for j in range(kw):
-                        q = j0 * sw + j - pl
-                        if q < 0 or q >= w:
-                            continue
-                        t = np.uint8(i * kw + j)
-                        for k in range(c):
-                            a, b, f = out[n, i0, j0, k], x[n, r, q, k], taps[n, i0, j0, k]
-                            taps[n, i0, j0, k] = t if (b > a) | (f == none) else f
-                            out[n, i0, j0, k] = a if ((a > b) | (a != a)) & (f != none) else b  # np.maximum(a, b)
-                for k in range(c):
-                    m = out[n, i0, j0, k]
-                    if m != m or not (every or m > 0):
-                        taps[n, i0, j0, k] = none
-
-
 @_jit.jit
 def _max_pool_grad_of_taps(taps: np.ndarray, grad_bits: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int,
                            pl: int, dx_bits: np.ndarray, lo: int, hi: int) -> None:
     """Non-overlapping windows: dx_bits[n] (dx viewed as integers) gets, for n in [lo, hi), each window's
-    gradient bits at its winning tap (_max_pool_taps_loop's taps) and 0 at its other taps; elements in no
+    gradient bits at its winning tap (_max_pool_loop's taps) and 0 at its other taps; elements in no
     window are not written."""
     h, w, c = dx_bits.shape[1], dx_bits.shape[2], dx_bits.shape[3]
     oh, ow = grad_bits.shape[1], grad_bits.shape[2]
@@ -385,7 +370,8 @@ def max_pool(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelCont
         xn = np.ascontiguousarray(_nhwc(x, g))
         out = empty_aligned((g.n, g.oh, g.ow, g.c), x.dtype)
         low = _low(x.dtype)
-        split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _max_pool_loop(xn, *_geometry(g), low, out, lo, hi))
+        split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _max_pool_loop(xn, *_geometry(g), low, out, None, False,
+                                                                         lo, hi))
         return [_back(out, g)]
     return [_back(_max(_nhwc(x, g), g)[1], g)]
 
@@ -489,7 +475,7 @@ def keeps_winning_taps(attrs: Mapping[str, Any], shape: Sequence[int], dtype: np
 class WinningTaps:
     """One max_pool and the max_pool_grad of its output (the executor's `known_maxima`, windows that do not
     overlap: `keeps_winning_taps`) sharing each window's winning tap, as oneDNN's pooling keeps a workspace.
-    The pool writes one byte a window beside its output: the tap the gradient goes to (_max_pool_taps_loop);
+    The pool writes one byte a window beside its output: the tap the gradient goes to (_max_pool_loop);
     the gradient then writes dx from those bytes and its own input, without reading the pooled input again
     (the zoo CNN's 8 MB, out of cache by then: its 2x2/2 pool gradient 1.2-1.6 -> 0.5-0.8 ms measured cold, the
     pool 0.01-0.05 ms slower). The same bits as max_pool_grad(_relu_grad) on the pool's input and output.
@@ -512,8 +498,8 @@ class WinningTaps:
         out = empty_aligned((g.n, g.oh, g.ow, g.c), x.dtype)
         taps = np.empty((g.n, g.oh, g.ow, g.c), np.uint8)
         low = _low(x.dtype)
-        split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _max_pool_taps_loop(
-            xn, *_geometry(g), low, self.relu_grad, out, taps, lo, hi))
+        split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _max_pool_loop(
+            xn, *_geometry(g), low, out, taps, self.relu_grad, lo, hi))
         self._taps = taps
         return [_back(out, g)]
 
