@@ -245,9 +245,9 @@ class Executor:
         ordered = [k for kernels in self._phases for k in kernels]  # the program's kernels, phase after phase
         self._readers = ir.readers(ordered)  # in program order
         self._known_maxima = known_maxima(ordered)
-        tails = {producer: tail for kernels in self._phases
-                 for producer, tail in fused_pairs(kernels, self._readers, self._keep).items()}
-        self._winning_taps = winning_taps(ordered, self._known_maxima, tails, program.tensors)
+        pairs = [fused_pairs(kernels, self._readers, self._keep) for kernels in self._phases]  # per phase
+        self._winning_taps = winning_taps(ordered, self._known_maxima, {p: t for d in pairs for p, t in d.items()},
+                                          program.tensors)
         self._lazy_transposes = lazy_transposes(ordered, self._readers, self._keep)
         self._out_perms = transposed_outputs(ordered, self._readers, self._keep)
         self._shared_reads, self._views = self._reads_without_copy(ordered)
@@ -269,7 +269,7 @@ class Executor:
         choices = dataflow.thread_choices() if side_by_side else (1,)
         self._threads = dataflow.ThreadChoice((threads,) if threads is not None else choices)
         self._threads_now = self._threads.next()
-        self._plans = tuple(self._plan(kernels) for kernels in self._phases)
+        self._plans = tuple(self._plan(kernels, phase_pairs) for kernels, phase_pairs in zip(self._phases, pairs))
         made_new = self._made_new()
         self._reuse_dead_inputs(*made_new)
         self._unscale_in_place = self._owned_gradients(*made_new)
@@ -411,11 +411,11 @@ class Executor:
                              "(the batch size is fixed at compile time)")
         return array
 
-    def _plan(self, kernels: list[ir.Kernel]) -> list[_Planned]:
+    def _plan(self, kernels: list[ir.Kernel], pairs: Mapping[int, ir.Kernel]) -> list[_Planned]:
         """Resolve each kernel (or fused pair, or chain) of a phase once: its function and context. Pairs
-        (wse/fusion.py) first, then chains (wse/chains.py) among the other kernels."""
+        (`pairs`: the phase's fusion.fused_pairs) first, then chains (wse/chains.py) among the other kernels."""
         planned = []
-        pairs = fused_pairs(kernels, self._readers, self._keep)
+        pairs = dict(pairs)  # the roundings in place join them
         tails = {tail.id for tail in pairs.values()}
         chains = self._chains(kernels, exclude=set(pairs) | tails)
         chain_of = {m.id: chain for chain in chains for m in chain.kernels}
