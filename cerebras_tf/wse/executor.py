@@ -62,8 +62,9 @@ from cerebras_tf.amp import FLOAT32_MODE, GradScaler, get_half_dtype
 from cerebras_tf import ir
 from cerebras_tf.wse import chains as _chains
 from cerebras_tf.wse import dataflow, denormals, memory, threads
-from cerebras_tf.wse.fusion import (WITH_KNOWN_MAXIMA, dense_groups, fused_pairs, known_maxima, lazy_transposes,
-                                    rounding_pairs, taken_by_tail, transposed_outputs, winning_taps)
+from cerebras_tf.wse.fusion import (WITH_KNOWN_MAXIMA, BiasReluPool, bias_relu_pools, dense_groups, fused_pairs,
+                                    known_maxima, lazy_transposes, rounding_pairs, taken_by_tail, transposed_outputs,
+                                    winning_taps)
 from cerebras_tf.wse.kernels import (DENSE_KINDS, KERNELS, NUMPY_HOST_KERNELS, HostKernels, KernelContext,
                                     KernelInputError, np_dtype)
 from cerebras_tf.wse.kernels._registry import KernelFn
@@ -71,6 +72,7 @@ from cerebras_tf.wse.kernels.data import transpose_view
 from cerebras_tf.wse.kernels.fused import FUSED
 from cerebras_tf.wse.kernels.half import round_half, round_half_in_layout, rounds_in_place
 from cerebras_tf.wse.kernels.linalg import provided_together
+from cerebras_tf.wse.kernels.pool import avg_pool_grad_of_bias_relu, avg_pool_of_bias_relu
 from cerebras_tf.wse.kernels.unscale import unscale_gradients
 
 # Kinds whose kernel hands on a view of its input (a copy only of an input that is not contiguous).
@@ -246,6 +248,8 @@ class Executor:
         self._readers = ir.readers(ordered)  # in program order
         self._known_maxima = known_maxima(ordered)
         pairs = [fused_pairs(kernels, self._readers, self._keep) for kernels in self._phases]  # per phase
+        folds = [bias_relu_pools(kernels, self._readers, self._keep, phase_pairs)
+                 for kernels, phase_pairs in zip(self._phases, pairs)]
         self._winning_taps = winning_taps(ordered, self._known_maxima, {p: t for d in pairs for p, t in d.items()},
                                           program.tensors)
         self._lazy_transposes = lazy_transposes(ordered, self._readers, self._keep)
@@ -269,7 +273,8 @@ class Executor:
         choices = dataflow.thread_choices() if side_by_side else (1,)
         self._threads = dataflow.ThreadChoice((threads,) if threads is not None else choices)
         self._threads_now = self._threads.next()
-        self._plans = tuple(self._plan(kernels, phase_pairs) for kernels, phase_pairs in zip(self._phases, pairs))
+        self._plans = tuple(self._plan(kernels, phase_pairs, phase_folds)
+                            for kernels, phase_pairs, phase_folds in zip(self._phases, pairs, folds))
         made_new = self._made_new()
         self._reuse_dead_inputs(*made_new)
         self._unscale_in_place = self._owned_gradients(*made_new)
@@ -411,13 +416,18 @@ class Executor:
                              "(the batch size is fixed at compile time)")
         return array
 
-    def _plan(self, kernels: list[ir.Kernel], pairs: Mapping[int, ir.Kernel]) -> list[_Planned]:
+    def _plan(self, kernels: list[ir.Kernel], pairs: Mapping[int, ir.Kernel],
+              folds: Sequence[BiasReluPool] = ()) -> list[_Planned]:
         """Resolve each kernel (or fused pair, or chain) of a phase once: its function and context. Pairs
-        (`pairs`: the phase's fusion.fused_pairs) first, then chains (wse/chains.py) among the other kernels."""
+        (`pairs`: the phase's fusion.fused_pairs) first, then chains (wse/chains.py) among the other kernels;
+        a bias_add -> relu of `folds` (fusion.bias_relu_pools) runs as no unit of its own: its pool and
+        the pool's gradient take its inputs."""
         planned = []
         pairs = dict(pairs)  # the roundings in place join them
+        folded = {k.id for f in folds for k in (f.bias_add, f.relu)}
+        fold_of = {k.id: f for f in folds for k in (f.pool, f.grad)}
         tails = {tail.id for tail in pairs.values()}
-        chains = self._chains(kernels, exclude=set(pairs) | tails)
+        chains = self._chains(kernels, exclude=set(pairs) | tails | folded)
         chain_of = {m.id: chain for chain in chains for m in chain.kernels}
         if self.half_dtype != FLOAT32_MODE and rounds_in_place(self.half_dtype):  # (float32: to_half is free)
             rounded = rounding_pairs(kernels, self._readers, self._keep, exclude={*pairs, *tails, *chain_of})
@@ -433,7 +443,7 @@ class Executor:
         for kernel in kernels:
             chain = chain_of.get(kernel.id)
             if (kernel.id in tails or kernel.id in absorbed or kernel.id in groups or kernel.id in self._shared_reads
-                    or (chain is not None and chain.place is not kernel)):
+                    or kernel.id in folded or (chain is not None and chain.place is not kernel)):
                 continue
             beside = None
             if kernel.id in first_of:  # run at the second's place, the first kernel's outputs first
@@ -464,6 +474,16 @@ class Executor:
                 fn = WITH_KNOWN_MAXIMA["" if tail is None or tail.kind == "to_half" else tail.kind]
                 if tail is not None and tail.kind == "to_half":
                     fn = self._rounding_in_place(fn)
+            elif kernel.id in fold_of:  # takes the folded bias_add's (x, bias) for the relu's output
+                fold = fold_of[kernel.id]
+                if kernel.id == fold.pool.id:
+                    kernel, fn = dataclasses.replace(kernel, inputs=fold.taken), avg_pool_of_bias_relu
+                    if tail is not None:  # a to_half
+                        fn = self._rounding_in_place(fn)
+                else:
+                    assert tail is not None  # its relu_grad
+                    tail, fn, taken = (dataclasses.replace(tail, inputs=[tail.inputs[0], *fold.taken]),
+                                       avg_pool_grad_of_bias_relu, fold.taken)
             elif tail is not None and tail.kind == "to_half":
                 fn = self._rounding_in_place(KERNELS[kernel.kind])
             elif tail is not None:

@@ -16,6 +16,10 @@ A max_pool_grad whose orig_output is the max_pool of its orig_input (`known_maxi
 builds) reads the window maxima from it instead of taking them again (`WITH_KNOWN_MAXIMA`); where their windows
 do not overlap, the pool keeps each window's winning tap for that gradient (`winning_taps`: kernels/pool.py's
 WinningTaps, oneDNN's workspace), which then does not read the pooled input at all.
+A conv block's bias_add -> relu whose output only its average pool and the relu_grad fused into that pool's
+gradient read (`bias_relu_pools`) runs as no unit: the pool takes relu(x + bias) at its taps and the gradient
+x + bias for its features, so neither the relu's output nor the bias_add's is ever stored (TF's graph folds
+the bias and relu into the convolution instead).
 Attention's transposes between the heads' layout and batch_matmul's are not copied where sgemm can read or
 write the matrices in place (its leading dimension): a transpose that only batch_matmuls read
 (`lazy_transposes`) hands on a view of its input, and a batch_matmul that only such transposes read
@@ -25,6 +29,7 @@ computes it.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Collection, Iterable, Iterator, Mapping, Sequence
 
 from cerebras_tf import ir
@@ -119,6 +124,60 @@ def dense_groups(kernels: Sequence[ir.Kernel], exclude: Collection[int] = ()) ->
 def _groupable(kernel: ir.Kernel, exclude: Collection[int]) -> bool:
     return (kernel.kind in DENSE_KINDS and kernel.guard is None and kernel.check_guard is None and not kernel.vars
             and kernel.id not in exclude)
+
+
+@dataclasses.dataclass(frozen=True)
+class BiasReluPool:
+    """A conv block's bias_add -> relu (a fused pair) whose output only an avg_pool and the relu_grad fused into
+    that pool's avg_pool_grad read: the pool takes the bias_add's inputs (x, bias) and the relu's values at
+    its taps (pool.avg_pool_of_bias_relu), the gradient x + bias for its features
+    (pool.avg_pool_grad_of_bias_relu), and neither the bias_add's nor the relu's output is ever stored."""
+
+    bias_add: ir.Kernel
+    relu: ir.Kernel
+    pool: ir.Kernel
+    grad: ir.Kernel  # the avg_pool_grad, relu_grad its fused tail
+    relu_grad: ir.Kernel
+
+    @property
+    def taken(self) -> list[int]:
+        """(x, bias): what the pool, and the gradient after its own input, take instead of the relu's output."""
+        return list(self.bias_add.inputs[:2])
+
+
+def _data_format(kernel: ir.Kernel) -> str:
+    value = kernel.attrs.get("data_format", "NHWC")
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def bias_relu_pools(kernels: Sequence[ir.Kernel], readers: Mapping[int, Sequence[int]], keep: Collection[int],
+                    tails: Mapping[int, ir.Kernel]) -> list[BiasReluPool]:
+    """The BiasReluPools among `kernels` (one phase, in order), given its fused pairs (`tails`: producer id ->
+    tail, fused_pairs): a bias_add fused with a relu whose output is not kept and is read by exactly one
+    unguarded avg_pool (as its input) and one relu_grad (as its features) that is fused into an
+    avg_pool_grad; the three in one data format, neither pooling kernel writing a variable."""
+    by_id = {k.id: k for k in kernels}
+    found = []
+    for producer_id, relu in tails.items():
+        bias_add = by_id.get(producer_id)
+        if bias_add is None or bias_add.kind != "bias_add" or relu.kind != "relu" or len(bias_add.inputs) != 2:
+            continue
+        y = relu.outputs[0]
+        reading = [by_id.get(r) for r in readers.get(y, ())]
+        if y in keep or len(reading) != 2 or any(r is None for r in reading):
+            continue
+        pools = [r for r in reading if r is not None and r.kind == "avg_pool" and r.inputs == [y]]
+        relu_grads = [r for r in reading if r is not None and r.kind == "relu_grad" and r.inputs[1:] == [y]
+                      and r.inputs[0] != y]
+        grads = [by_id[p] for p, t in tails.items() if relu_grads and t.id == relu_grads[0].id and p in by_id]
+        if len(pools) != 1 or len(relu_grads) != 1 or len(grads) != 1 or grads[0].kind != "avg_pool_grad":
+            continue
+        pool, grad = pools[0], grads[0]
+        if (any(k.guard is not None or k.vars for k in (pool, grad))
+                or not (_data_format(bias_add) == _data_format(pool) == _data_format(grad))):
+            continue
+        found.append(BiasReluPool(bias_add, relu, pool, grad, relu_grads[0]))
+    return found
 
 
 # The function of a max_pool_grad in `known_maxima`, by the kind of the tail fused into it ("": none).

@@ -3,6 +3,8 @@ where nothing else needs that output; in-place roundings, provider groups, known
 transposes left uncopied, whose training steps keep their bits."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from cerebras_tf import ir
@@ -64,6 +66,42 @@ def test_a_tail_may_take_a_tensor_of_its_own_that_exists_where_the_producer_runs
     no_features = [_kernel(1, "avg_pool_grad", [2], [3]), _kernel(2, "relu_grad", [3], [4])]
     assert _pairs(no_features) == {}
     assert taken_by_tail(_kernel(0, "bias_add", [1, 2], [3]), _kernel(1, "relu", [3], [4])) == []
+
+
+def _conv_block(relu_readers: tuple[str, ...] = ("avg_pool", "relu_grad"), **pool_kw) -> list[ir.Kernel]:
+    """bias_add(1, 2) -> relu -> the relu output's readers (an avg_pool; the relu_grad fused into avg_pool_grad;
+    any other kind reading it)."""
+    kernels = [_kernel(0, "bias_add", [1, 2], [3]), _kernel(1, "relu", [3], [4])]
+    for i, kind in enumerate(relu_readers):
+        if kind == "avg_pool":
+            kernels.append(_kernel(10 + i, "avg_pool", [4], [5], **pool_kw))
+        elif kind == "relu_grad":
+            kernels += [_kernel(20 + i, "avg_pool_grad", [6], [7]), _kernel(30 + i, "relu_grad", [7, 4], [8])]
+        else:
+            kernels.append(_kernel(40 + i, kind, [4], [9 + i]))
+    return kernels
+
+
+def _folds(kernels: list[ir.Kernel], keep: set[int] = frozenset()) -> list[tuple[int, ...]]:
+    from cerebras_tf.wse.fusion import bias_relu_pools
+    readers = ir.readers(kernels)
+    return [(f.bias_add.id, f.relu.id, f.pool.id, f.grad.id, f.relu_grad.id, *f.taken)
+            for f in bias_relu_pools(kernels, readers, keep, fused_pairs(kernels, readers, keep))]
+
+
+def test_a_bias_relu_that_only_an_average_pool_and_its_gradient_read_is_folded_into_them():
+    """fusion.bias_relu_pools: the pool and the gradient's relu_grad take (x, bias) instead of the relu's output,
+    where nothing else reads it, it is not kept, the pool is unguarded and the formats agree."""
+    assert _folds(_conv_block()) == [(0, 1, 10, 21, 31, 1, 2)]
+    assert _folds(_conv_block(("avg_pool", "relu_grad", "neg"))) == []  # a third reader
+    assert _folds(_conv_block(("avg_pool",))) == []  # no gradient
+    assert _folds(_conv_block(("avg_pool", "relu_grad")), keep={4}) == []
+    assert _folds(_conv_block(guard=9)) == []
+    block = _conv_block()
+    block[0] = dataclasses.replace(block[0], attrs={"data_format": "NCHW"})
+    assert _folds(block) == []  # the bias along another axis than the pool's channels
+    max_pooled = [dataclasses.replace(k, kind="max_pool") if k.kind == "avg_pool" else k for k in _conv_block()]
+    assert _folds(max_pooled) == []
 
 
 def test_a_half_rounding_that_alone_reads_a_new_array_rounds_it_in_place():
@@ -204,7 +242,7 @@ def test_transformer_steps_with_attentions_transposes_uncopied_give_the_bits_of_
     from cerebras_tf.amp import GradScaler
     from cerebras_tf.wse import executor as executor_module
 
-    from test_chains import _model, _same_bits
+    from test_chains import _model
 
     program, start, batches = _model(tmp_path, "transformer")
     runs = []
@@ -217,10 +255,43 @@ def test_transformer_steps_with_attentions_transposes_uncopied_give_the_bits_of_
         assert applied >= 8 if uncopied else applied == 0  # per layer: q, k, v, the context, their gradients
         results = [executor.step(features, labels) for features, labels in batches]
         runs.append((results, executor.variables()))
-    (uncopied_results, variables), (copied_results, reference) = runs
-    for a, b in zip(uncopied_results, copied_results):
+    _assert_same_bits(*runs)
+
+
+def _assert_same_bits(run: tuple, reference: tuple) -> None:
+    """Two runs' (step results, variables after them): the same outputs and variables, bit for bit."""
+    from test_chains import _same_bits
+    for a, b in zip(run[0], reference[0]):
         assert a.finite == b.finite and a.outputs.keys() == b.outputs.keys()
         for key in a.outputs:
             assert _same_bits(a.outputs[key], b.outputs[key]), key
-    for key, value in variables.items():
-        assert _same_bits(value, reference[key]), key
+    for key, value in run[1].items():
+        assert _same_bits(value, reference[1][key]), key
+
+
+@pytest.mark.parametrize("half_dtype", ["float32", "float16"], indirect=True)
+@pytest.mark.parametrize("provider", ["numpy", "tensorflow"])
+def test_cnn_steps_with_its_bias_relu_folded_into_the_pool_give_the_bits_of_steps_without(
+        tmp_path, half_dtype, provider, monkeypatch):
+    """The zoo CNN's conv2 block (bias_add -> relu -> avg_pool): the same losses, outputs and variables with
+    the relu's output never stored as with it."""
+    from cerebras_tf.amp import GradScaler
+    from cerebras_tf.run.host_kernels_tf import PROVIDERS
+    from cerebras_tf.wse import executor as executor_module
+
+    from test_chains import _model
+
+    program, start, batches = _model(tmp_path, "cnn")
+    runs, bias_adds = [], []
+    for folded in (True, False):
+        if not folded:
+            monkeypatch.setattr(executor_module, "bias_relu_pools", lambda *args: [])
+        executor = executor_module.Executor(program, start, grad_scaler=GradScaler(loss_scale="dynamic"),
+                                            host_kernels=PROVIDERS[provider])
+        pools = [p for p in executor._plans[0] if p.kernel.kind in ("avg_pool", "avg_pool_grad")]
+        assert len(pools) == 2
+        assert all(len(p.inputs) == (3 if p.kernel.kind == "avg_pool_grad" else 2) for p in pools) == folded
+        bias_adds.append([p.kernel.kind for p in executor._plans[0]].count("bias_add"))
+        runs.append(([executor.step(features, labels) for features, labels in batches], executor.variables()))
+    assert bias_adds[0] == bias_adds[1] - 1  # the conv2 block's, which runs as no unit of its own
+    _assert_same_bits(*runs)

@@ -248,6 +248,43 @@ def test_fused_avg_pool_grad_relu_grad_is_the_two_kernels_bit_for_bit(shape, ksi
     np.testing.assert_array_equal(fused.view(bits), expected.view(bits))
 
 
+@pytest.mark.parametrize("shape,ksize,strides,padding,data_format", [
+    ((2, 8, 8, 3), 2, 2, "VALID", "NHWC"),   # tiles the input
+    ((2, 9, 9, 3), 2, 3, "VALID", "NHWC"),   # gaps between the windows
+    ((2, 7, 7, 3), 3, 3, "SAME", "NHWC"),    # padded
+    ((2, 7, 7, 3), 3, 2, "SAME", "NHWC"),    # overlapping: the gradient composes the kernels
+    ((2, 3, 8, 8), 2, 2, "VALID", "NCHW"),
+])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_avg_pool_and_its_gradient_of_a_bias_relu_are_the_kernels_bit_for_bit(shape, ksize, strides, padding,
+                                                                              data_format, dtype, rng, jit):
+    """A conv block's bias_add -> relu folded into its average pool and the pool's gradient
+    (fusion.bias_relu_pools): avg_pool_of_bias_relu(x, b) is avg_pool(relu(bias_add(x, b))), and
+    avg_pool_grad_of_bias_relu(g, x, b) is relu_grad(avg_pool_grad(g), relu(bias_add(x, b))), bit for bit, with
+    -0.0, NaN, inf and sums that cancel to zero in x + b, and -0.0, NaN, inf in the gradient."""
+    from cerebras_tf.wse.kernels.pool import avg_pool_grad_of_bias_relu, avg_pool_of_bias_relu
+    nchw = data_format == "NCHW"
+    x = rng.standard_normal(shape).astype(dtype)
+    channels = shape[1] if nchw else shape[-1]
+    b = rng.standard_normal(channels).astype(dtype)
+    b[0] = -0.0
+    flat = x.reshape(-1)
+    flat[:8] = [-0.0, np.nan, np.inf, -1.0, 0.0, -np.inf, 0.0, 1e-30]
+    flat[6] = -b[0 if nchw else 6 % channels]  # x + b == +0: not > 0
+    window = [1, 1, ksize, ksize] if nchw else [1, ksize, ksize, 1]
+    step = [1, 1, strides, strides] if nchw else [1, strides, strides, 1]
+    pool_attrs = {"ksize": window, "strides": step, "padding": padding, "data_format": data_format}
+    attrs = {**pool_attrs, "orig_input_shape": list(shape)}
+    y = run("relu", [run("bias_add", [x, b], {"data_format": data_format})[0]])[0]
+    expected_pool = run("avg_pool", [y], pool_attrs)[0]
+    g = rng.standard_normal(expected_pool.shape).astype(dtype)
+    g.reshape(-1)[:4] = [-0.0, np.inf, np.nan, -np.inf]
+    expected_grad = run("relu_grad", [run("avg_pool_grad", [g], attrs)[0], y])[0]
+    with np.errstate(invalid="ignore"):  # inf - inf in x + b
+        _assert_bits_equal(avg_pool_of_bias_relu([x, b], pool_attrs, None)[0], expected_pool)
+        _assert_bits_equal(avg_pool_grad_of_bias_relu([g, x, b], attrs, None)[0], expected_grad)
+
+
 @pytest.mark.parametrize("kind", ["max_pool", "max_pool_grad", "avg_pool", "avg_pool_grad"])
 def test_pool_numba_loops_split_across_threads_are_bit_identical(kind, rng, monkeypatch):
     """Big enough to be split by image across several threads (three here, whatever the host has)."""

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from cerebras_tf.wse.kernels import _jit
-from cerebras_tf.wse.kernels._registry import KernelContext, register
+from cerebras_tf.wse.kernels._registry import KERNELS, KernelContext, register
 from cerebras_tf.wse.kernels._select import keep_where
 from cerebras_tf.wse.kernels._split import split_units
 from cerebras_tf.wse.kernels.elementwise_grad import relu_grad as relu_grad_kernel
@@ -275,10 +275,14 @@ def _max_pool_grad_of_taps(taps: np.ndarray, grad_bits: np.ndarray, kh: int, kw:
 
 @_jit.jit
 def _avg_pool_loop(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, pl: int, counts: np.ndarray,
-                   out: np.ndarray, lo: int, hi: int) -> None:
-    """out[n] (zeros on entry) = the window sums of x[n] in tap order, divided by the window counts."""
+                   out: np.ndarray, bias: np.ndarray | None, lo: int, hi: int) -> None:
+    """out[n] (zeros on entry) = the window sums of x[n] in tap order, divided by the window counts. With a
+    bias (per channel), of relu(x[n] + bias) instead, relu as elementwise.relu (NaN kept, -0 -> +0): the
+    fused bias_add + relu's values, which are then never stored. bias None is a type of its own: numba
+    compiles the loop without the bias for it."""
     h, w, c = x.shape[1], x.shape[2], x.shape[3]
     oh, ow = out.shape[1], out.shape[2]
+    zero = x.dtype.type(0)
     for n in range(lo, hi):
         for i0 in range(oh):
             for j0 in range(ow):
@@ -290,8 +294,13 @@ def _avg_pool_loop(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, p
                         q = j0 * sw + j - pl
                         if q < 0 or q >= w:
                             continue
-                        for k in range(c):
-                            out[n, i0, j0, k] += x[n, r, q, k]
+                        if bias is not None:
+                            for k in range(c):
+                                v = x[n, r, q, k] + bias[k]
+                                out[n, i0, j0, k] += v if v > 0 or v != v else zero
+                        else:
+                            for k in range(c):
+                                out[n, i0, j0, k] += x[n, r, q, k]
                 d = counts[i0, j0]
                 for k in range(c):
                     out[n, i0, j0, k] /= d
@@ -321,12 +330,13 @@ def _avg_pool_grad_loop(grad: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt
 
 @_jit.jit
 def _avg_pool_grad_tiles(grad: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, pl: int,
-                         counts: np.ndarray, zero: Any, features: np.ndarray, relu_grad: bool, dx: np.ndarray,
-                         lo: int, hi: int) -> None:
+                         counts: np.ndarray, zero: Any, features: np.ndarray, bias: np.ndarray | None,
+                         relu_grad: bool, dx: np.ndarray, lo: int, hi: int) -> None:
     """_avg_pool_grad_loop for windows that do not overlap: each input element in a window is written once,
     `zero` + its window's share (what the loop's sum of that one share onto a zero is: -0 becomes +0);
     elements in no window are left as they are (the caller's zeros). With relu_grad, relu_grad(dx, features)
-    in the same walk: +0 where the feature (NHWC, dx's shape) is not > 0."""
+    in the same walk: +0 where the feature (NHWC, dx's shape; plus the per-channel bias where one is given:
+    relu(v) > 0 exactly where v > 0) is not > 0."""
     h, w, c = dx.shape[1], dx.shape[2], dx.shape[3]
     oh, ow = grad.shape[1], grad.shape[2]
     for n in range(lo, hi):
@@ -341,7 +351,11 @@ def _avg_pool_grad_tiles(grad: np.ndarray, kh: int, kw: int, sh: int, sw: int, p
                         q = j0 * sw + j - pl
                         if q < 0 or q >= w:
                             continue
-                        if relu_grad:
+                        if relu_grad and bias is not None:
+                            for k in range(c):
+                                v = zero + grad[n, i0, j0, k] / d
+                                dx[n, r, q, k] = v if features[n, r, q, k] + bias[k] > 0 else zero
+                        elif relu_grad:
                             for k in range(c):
                                 v = zero + grad[n, i0, j0, k] / d
                                 dx[n, r, q, k] = v if features[n, r, q, k] > 0 else zero
@@ -536,18 +550,47 @@ def avg_pool(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelCont
     x = inputs[0]
     g = _geom(attrs, x.shape)
     if _jit_ok(x):
-        xn = np.ascontiguousarray(_nhwc(x, g))
-        out = empty_aligned((g.n, g.oh, g.ow, g.c), x.dtype)  # aligned: TF's convolutions copy it otherwise
-        out.fill(0)
-        counts = np.ascontiguousarray(_counts(g)[0, :, :, 0].astype(x.dtype))
-        split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _avg_pool_loop(xn, *_geometry(g), counts, out, lo, hi))
-        return [_back(out, g)]
+        return [_avg_pool_jit(x, g, None)]
     xp = _padded(_nhwc(x, g), g, 0)
     out = np.zeros((g.n, g.oh, g.ow, g.c), x.dtype)
     for _, _, rs, cs in g.taps():
         out += xp[:, rs, cs, :]
     out /= _counts(g).astype(x.dtype)
     return [_back(out, g)]
+
+
+def _avg_pool_jit(x: np.ndarray, g: Geom, bias: np.ndarray | None) -> np.ndarray:
+    """avg_pool's numba path, of relu(x + bias) with a bias (_avg_pool_loop)."""
+    xn = np.ascontiguousarray(_nhwc(x, g))
+    out = empty_aligned((g.n, g.oh, g.ow, g.c), x.dtype)  # aligned: TF's convolutions copy it otherwise
+    out.fill(0)
+    counts = np.ascontiguousarray(_counts(g)[0, :, :, 0].astype(x.dtype))
+    split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _avg_pool_loop(xn, *_geometry(g), counts, out, bias, lo, hi))
+    return _back(out, g)
+
+
+def _bias_ok(x: np.ndarray, bias: np.ndarray, g: Geom) -> bool:
+    """Whether the numba loops take `bias` as the per-channel bias of `x` (x's dtype, one per channel)."""
+    return _jit_ok(x) and bias.dtype == x.dtype and bias.shape == (g.c,)
+
+
+def _bias_relu(x: np.ndarray, bias: np.ndarray, attrs: Mapping[str, Any], ctx: KernelContext) -> np.ndarray:
+    """relu(bias_add(x, bias)) by the two kernels, the bias along the pooling's channel axis."""
+    data_format = attrs.get("data_format", "NHWC")
+    return KERNELS["relu"](KERNELS["bias_add"]([x, bias], {"data_format": data_format}, ctx), {}, ctx)[0]
+
+
+def avg_pool_of_bias_relu(inputs: list[np.ndarray], attrs: Mapping[str, Any],
+                          ctx: KernelContext) -> list[np.ndarray]:
+    """avg_pool(relu(bias_add(x, bias))) for inputs (x, bias), the bias along the pooling's channel axis (a
+    conv block's bias, relu and average pool, fusion.bias_relu_pools): with numba, relu(x + bias) is
+    taken at each tap as it is summed, so the relu's output is never stored; the same bits as the three
+    kernels."""
+    x, bias = inputs
+    g = _geom(attrs, x.shape)
+    if _bias_ok(x, bias, g):
+        return [_avg_pool_jit(x, g, np.ascontiguousarray(bias))]
+    return avg_pool([_bias_relu(x, bias, attrs, ctx)], attrs, ctx)
 
 
 @register("avg_pool_grad")
@@ -567,9 +610,22 @@ def avg_pool_grad_relu_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any],
     return _avg_pool_grad(grad, attrs, ctx, features)
 
 
+def avg_pool_grad_of_bias_relu(inputs: list[np.ndarray], attrs: Mapping[str, Any],
+                               ctx: KernelContext) -> list[np.ndarray]:
+    """avg_pool_grad_relu_grad whose features were relu(bias_add(x, bias)), for inputs (grad, x, bias)
+    (fusion.bias_relu_pools): the feature is > 0 exactly where x + bias is, which the walk takes instead;
+    the same bits."""
+    grad, x, bias = inputs
+    shape = [int(v) for v in attrs["orig_input_shape"]]
+    if _bias_ok(x, bias, _geom(attrs, shape)):
+        return _avg_pool_grad(grad, attrs, ctx, x, np.ascontiguousarray(bias))
+    return _avg_pool_grad(grad, attrs, ctx, _bias_relu(x, bias, attrs, ctx))
+
+
 def _avg_pool_grad(grad: np.ndarray, attrs: Mapping[str, Any], ctx: KernelContext,
-                   features: np.ndarray | None) -> list[np.ndarray]:
-    """avg_pool_grad, and relu_grad(dx, features) on the way out when `features` is given."""
+                   features: np.ndarray | None, bias: np.ndarray | None = None) -> list[np.ndarray]:
+    """avg_pool_grad, and relu_grad(dx, features) on the way out when `features` is given (of features +
+    bias, per channel, where a bias is given: only in the numba walk, which its caller checked it takes)."""
     shape = [int(v) for v in attrs["orig_input_shape"]]
     g = _geom(attrs, shape)
     relu = features is not None
@@ -584,8 +640,10 @@ def _avg_pool_grad(grad: np.ndarray, attrs: Mapping[str, Any], ctx: KernelContex
         zero = grad.dtype.type(0)
         fn = np.ascontiguousarray(_nhwc(features, g)) if features is not None else dx[:1, :1, :1, :1]
         split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _avg_pool_grad_tiles(
-            gn, *_geometry(g), counts, zero, fn, relu, dx, lo, hi))
+            gn, *_geometry(g), counts, zero, fn, bias, relu, dx, lo, hi))
         return [_back(dx, g)]
+    if bias is not None and features is not None:
+        features = _bias_relu(features, bias, attrs, ctx)
     dx = _avg_pool_grad_alone(grad, g)
     return relu_grad_kernel([dx, features], {}, ctx) if features is not None else [dx]
 
