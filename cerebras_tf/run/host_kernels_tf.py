@@ -14,6 +14,10 @@ alternating in one process: 30.8 -> 28.2 ms with the callables, then 27.8
 -> 27.0 with its matmuls in sessions too, where they had been eager calls).
 Kernels the executor hands over together (`together`: a convolution's input
 and filter gradients) share one graph, whose executor runs them at once.
+A matmul of at most SMALL_MATMUL_MACS multiply-adds (a classifier's dense
+layer) runs on numpy's OpenBLAS on the calling thread instead, held to one
+thread: there TF's call, whose threads have to wake, costs more than the
+arithmetic (the zoo CNN's step about 1% faster).
 It is only the arithmetic: the WSE kernels around it keep the numerics
 contract (float32 operands, already rounded to the half dtype; float32
 accumulation; the result cast back), so a run differs from the numpy provider
@@ -25,19 +29,21 @@ negative (cropping) explicit paddings. NCHW is transposed to NHWC around the
 call, as the numpy provider does, so TF builds without NCHW CPU kernels work.
 
 Two providers (`PROVIDERS`): "numpy" (numpy/OpenBLAS) and "tensorflow" (with
-float32 numerics the run's dense arithmetic is then TF's own, summation order
-included). A run uses one of them for every kernel: "auto" (`host_kernels_for`,
+float32 numerics the run's convolutions and big matmuls are then TF's own,
+summation order included). A run uses one of them: "auto" (`host_kernels_for`,
 the default of `system_host_kernels`, which CEREBRAS_TF_HOST_KERNELS overrides)
 takes TF's for a program with convolutions (1.5-5x faster than im2col on
 OpenBLAS) and numpy's otherwise (OpenBLAS's matmuls beat TF's at every shape
 benchmarks/kernels_bench.py times, by 0.1-1 ms a call: the MLP step 0.6x -> 0.9x
-of TF's). Never both in one run: OpenBLAS's threads keep spinning after a call
-and slow TF's next convolution on the same cores (the zoo CNN's step with TF's
-convolutions and OpenBLAS's matmuls: 55 ms, against 32 ms all on TF).
+of TF's). TF's provider takes OpenBLAS only on one thread (the small matmuls):
+OpenBLAS's own threads keep spinning after a call and slow TF's next
+convolution on the same cores (the zoo CNN's step with TF's convolutions and
+OpenBLAS's matmuls on all its threads: 55 ms, against 32 ms all on TF).
 """
 from __future__ import annotations
 
 import dataclasses
+import enum
 import os
 import threading
 from typing import Any, Callable, Mapping, Sequence, cast
@@ -47,6 +53,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
 from cerebras_tf import ir
+from cerebras_tf.wse import threads
 from cerebras_tf.wse.kernels import NUMPY_HOST_KERNELS, DenseKernel, HostKernels
 
 ENV_VAR = "CEREBRAS_TF_HOST_KERNELS"
@@ -138,17 +145,37 @@ def _run_calls(calls: Sequence[_Call]) -> list[np.ndarray]:
     return [call.finish(y) for call, y in zip(calls, results)]
 
 
-# A provider field's TF call for its operands and attrs, or None where TF's CPU kernels refuse the call.
-_CallFor = Callable[[Sequence[np.ndarray], Mapping[str, Any]], "_Call | None"]
+# A provider field's TF call for its operands and attrs, or None where TF's CPU kernels refuse the call (or
+# _OnBlas where numpy's kernel on one OpenBLAS thread is faster).
+_CallFor = Callable[[Sequence[np.ndarray], Mapping[str, Any]], "_Call | _OnBlas | None"]
 
 
-def _matmul_call(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> _Call | None:
-    """MatMul (TF's oneDNN sgemm); integer operands on numpy."""
+class _OnBlas(enum.Enum):
+    """A call numpy's kernel makes on one OpenBLAS thread, faster than TF's: a small matmul."""
+
+    SMALL = enum.auto()
+
+
+# Matmuls of at most this many multiply-adds run on OpenBLAS on the calling thread: TF's call costs more than their
+# arithmetic (measured in a loop here: 64x4096x10, the zoo CNN's dense layer, 0.113 ms in TF against 0.086 on one
+# OpenBLAS thread, and 0.22 against 0.11 inside its step, where TF's threads have to wake first; 64x1024x256
+# 0.194 against 0.176; from 128x512x512 TF's two threads win). Held to one thread, OpenBLAS leaves no thread
+# spinning on the cores TF's next call needs.
+SMALL_MATMUL_MACS = 1 << 24
+
+
+def _matmul_call(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> _Call | _OnBlas | None:
+    """MatMul (TF's oneDNN sgemm); integer operands on numpy; a small one (SMALL_MATMUL_MACS) on one OpenBLAS
+    thread."""
     if not _floats(inputs):
         return None
     a, b = inputs
-    return _Call(_R.MatMul, {"a": a, "b": b}, {"transpose_a": bool(attrs.get("transpose_a", False)),
-                                               "transpose_b": bool(attrs.get("transpose_b", False))})
+    transpose_a, transpose_b = bool(attrs.get("transpose_a", False)), bool(attrs.get("transpose_b", False))
+    rows, depth = (a.shape[1], a.shape[0]) if transpose_a else a.shape
+    columns = b.shape[0] if transpose_b else b.shape[1]
+    if rows * depth * columns <= SMALL_MATMUL_MACS:
+        return _OnBlas.SMALL
+    return _Call(_R.MatMul, {"a": a, "b": b}, {"transpose_a": transpose_a, "transpose_b": transpose_b})
 
 
 def _batch_matmul_call(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> _Call | None:
@@ -246,10 +273,16 @@ _CALLS: dict[str, _CallFor] = {
 }
 
 
-def _alone(field: str, call: _Call | None, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
+def _alone(field: str, call: _Call | _OnBlas | None, inputs: Sequence[np.ndarray],
+           attrs: Mapping[str, Any]) -> np.ndarray:
     """`call` (the TF call of provider field `field`) in a one-op graph, or where TF refuses it (None) the numpy
-    provider's `field`."""
-    return getattr(_numpy, field)(inputs, attrs) if call is None else _run_calls([call])[0]
+    provider's `field`, on one OpenBLAS thread for an _OnBlas call."""
+    if isinstance(call, _Call):
+        return _run_calls([call])[0]
+    if call is None:
+        return getattr(_numpy, field)(inputs, attrs)
+    with threads.one_blas_thread():
+        return getattr(_numpy, field)(inputs, attrs)
 
 
 def _kernel(field: str) -> DenseKernel:
@@ -268,7 +301,10 @@ def together(calls: Sequence[tuple[str, Sequence[np.ndarray], Mapping[str, Any]]
     tf_calls = [_CALLS[field](inputs, attrs) for field, inputs, attrs in calls]
     if any(call is None for call in tf_calls):  # the calls already made, not made again
         return [_alone(field, call, inputs, attrs) for call, (field, inputs, attrs) in zip(tf_calls, calls)]
-    return _run_calls(cast(list[_Call], tf_calls))
+    graph_calls = [call for call in tf_calls if isinstance(call, _Call)]
+    in_graph = iter(_run_calls(graph_calls) if graph_calls else [])
+    return [next(in_graph) if isinstance(call, _Call) else _alone(field, call, inputs, attrs)
+            for call, (field, inputs, attrs) in zip(tf_calls, calls)]
 
 
 TENSORFLOW_HOST_KERNELS = HostKernels(

@@ -74,9 +74,12 @@ def _refusing() -> HostKernels:
 @pytest.mark.parametrize("name,field,inputs,attrs", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
 def test_the_tensorflow_provider_runs_tensorflow_unless_tf_refuses_the_call(name, field, inputs, attrs,
                                                                             monkeypatch):
+    """...or it is a small matmul (SMALL_MATMUL_MACS: numpy's, on one OpenBLAS thread)."""
     monkeypatch.setattr(host_kernels_tf, "_numpy", _refusing())
     dilated = attrs.get("dilations", [1, 1, 1, 1]) != [1, 1, 1, 1]
-    if dilated and "backprop" in field:  # TF's CPU conv gradients refuse dilations
+    columns = inputs[1].shape[0 if attrs.get("transpose_b") else 1] if field == "matmul" else 0
+    small = field == "matmul" and inputs[0].size * columns <= host_kernels_tf.SMALL_MATMUL_MACS
+    if (dilated and "backprop" in field) or small:  # TF's CPU conv gradients refuse dilations
         with pytest.raises(AssertionError, match="fell back"):
             getattr(TF_KERNELS, field)(inputs, attrs)
     else:
@@ -108,7 +111,8 @@ def _laid_out(x: np.ndarray, layout: str) -> np.ndarray:
 def test_tensorflow_matmuls_take_any_operand_memory_and_give_a_writable_result(rng, layout):
     import tensorflow as tf
 
-    a, b = rng.standard_normal((64, 40)).astype(np.float32), rng.standard_normal((24, 40)).astype(np.float32)
+    a, b = rng.standard_normal((256, 400)).astype(np.float32), rng.standard_normal((200, 400)).astype(np.float32)
+    assert 256 * 400 * 200 > host_kernels_tf.SMALL_MATMUL_MACS  # TF's call, not OpenBLAS's
     theirs = tf.raw_ops.MatMul(a=a, b=b, transpose_b=True).numpy()
     ours = TF_KERNELS.matmul([_laid_out(a, layout), _laid_out(b, layout)], {"transpose_b": True})
     np.testing.assert_array_equal(ours, theirs)  # TF's own kernel on the same values: the same bits
@@ -160,6 +164,37 @@ def test_the_system_provider_is_auto_unless_the_environment_names_another(monkey
     monkeypatch.setenv(host_kernels_tf.ENV_VAR, "mkl")
     with pytest.raises(ValueError, match="CEREBRAS_TF_HOST_KERNELS='mkl': expected one of auto, numpy, tensorflow"):
         host_kernels_tf.system_host_kernels(mlp)
+
+
+@pytest.mark.parametrize("transpose_a,transpose_b", [(False, False), (True, False), (False, True)])
+def test_tensorflow_provider_runs_a_small_matmul_on_one_openblas_thread(rng, transpose_a, transpose_b):
+    """A matmul of at most SMALL_MATMUL_MACS multiply-adds (the zoo CNN's 64x4096x10 dense layer and its two
+    gradients) is numpy's on one OpenBLAS thread: its bits, and OpenBLAS's thread count is restored after;
+    one just bigger is TF's MatMul."""
+    import tensorflow as tf
+    import threadpoolctl
+
+    from cerebras_tf.wse import threads
+
+    def operands(m: int, k: int, n: int) -> list[np.ndarray]:
+        a = rng.standard_normal((k, m) if transpose_a else (m, k)).astype(np.float32)
+        b = rng.standard_normal((n, k) if transpose_b else (k, n)).astype(np.float32)
+        return [a, b]
+    attrs = {"transpose_a": transpose_a, "transpose_b": transpose_b}
+    small = operands(64, 4096, 10)
+    blas = threadpoolctl.ThreadpoolController().select(user_api="blas")
+    before = [lib.num_threads for lib in blas.lib_controllers]
+    with threads.one_blas_thread():
+        expected = NP_KERNELS.matmul(small, attrs)
+    np.testing.assert_array_equal(TF_KERNELS.matmul(small, attrs), expected)
+    assert [lib.num_threads for lib in threadpoolctl.ThreadpoolController().select(
+        user_api="blas").lib_controllers] == before
+    together = TF_KERNELS.together([("matmul", small, attrs), ("matmul", small, attrs)])
+    np.testing.assert_array_equal(together[0], expected)
+    np.testing.assert_array_equal(together[1], expected)
+    big = operands(64, 4096, 65)  # 17M multiply-adds
+    np.testing.assert_array_equal(TF_KERNELS.matmul(big, attrs),
+                                  tf.raw_ops.MatMul(a=big[0], b=big[1], **attrs).numpy())
 
 
 def test_tensorflow_runs_kernels_together_with_the_bits_of_one_by_one(rng):
