@@ -62,14 +62,14 @@ from cerebras_tf.amp import FLOAT32_MODE, GradScaler, get_half_dtype
 from cerebras_tf import ir
 from cerebras_tf.wse import chains as _chains
 from cerebras_tf.wse import dataflow, denormals, memory, threads
-from cerebras_tf.wse.fusion import (WITH_KNOWN_MAXIMA, BiasReluPool, bias_relu_pools, dense_groups, fused_pairs,
-                                    known_maxima, lazy_transposes, rounding_pairs, taken_by_tail, transposed_outputs,
-                                    winning_taps)
+from cerebras_tf.wse.fusion import (WITH_KNOWN_MAXIMA, BatchNormReluPool, BiasReluPool, batch_norm_relu_pools,
+                                    bias_relu_pools, dense_groups, fused_pairs, known_maxima, lazy_transposes,
+                                    rounding_pairs, taken_by_tail, transposed_outputs, winning_taps)
 from cerebras_tf.wse.kernels import (DENSE_KINDS, KERNELS, NUMPY_HOST_KERNELS, HostKernels, KernelContext,
                                     KernelInputError, np_dtype)
 from cerebras_tf.wse.kernels._registry import KernelFn
 from cerebras_tf.wse.kernels.data import transpose_view
-from cerebras_tf.wse.kernels.fused import FUSED
+from cerebras_tf.wse.kernels.fused import FUSED, batch_norm_relu_max_pool
 from cerebras_tf.wse.kernels.half import round_half, round_half_in_layout, rounds_in_place
 from cerebras_tf.wse.kernels.linalg import provided_together
 from cerebras_tf.wse.kernels.pool import avg_pool_grad_of_bias_relu, avg_pool_of_bias_relu
@@ -252,6 +252,8 @@ class Executor:
                  for kernels, phase_pairs in zip(self._phases, pairs)]
         self._winning_taps = winning_taps(ordered, self._known_maxima, {p: t for d in pairs for p, t in d.items()},
                                           program.tensors)
+        normalized_pools = [batch_norm_relu_pools(kernels, self._readers, self._keep, phase_pairs, self._winning_taps)
+                            for kernels, phase_pairs in zip(self._phases, pairs)]
         self._lazy_transposes = lazy_transposes(ordered, self._readers, self._keep)
         self._out_perms = transposed_outputs(ordered, self._readers, self._keep)
         self._shared_reads, self._views = self._reads_without_copy(ordered)
@@ -273,8 +275,7 @@ class Executor:
         choices = dataflow.thread_choices() if side_by_side else (1,)
         self._threads = dataflow.ThreadChoice((threads,) if threads is not None else choices)
         self._threads_now = self._threads.next()
-        self._plans = tuple(self._plan(kernels, phase_pairs, phase_folds)
-                            for kernels, phase_pairs, phase_folds in zip(self._phases, pairs, folds))
+        self._plans = tuple(self._plan(*phase) for phase in zip(self._phases, pairs, folds, normalized_pools))
         made_new = self._made_new()
         self._reuse_dead_inputs(*made_new)
         self._unscale_in_place = self._owned_gradients(*made_new)
@@ -416,16 +417,18 @@ class Executor:
                              "(the batch size is fixed at compile time)")
         return array
 
-    def _plan(self, kernels: list[ir.Kernel], pairs: Mapping[int, ir.Kernel],
-              folds: Sequence[BiasReluPool] = ()) -> list[_Planned]:
+    def _plan(self, kernels: list[ir.Kernel], pairs: Mapping[int, ir.Kernel], folds: Sequence[BiasReluPool] = (),
+              normalized_pools: Sequence[BatchNormReluPool] = ()) -> list[_Planned]:
         """Resolve each kernel (or fused pair, or chain) of a phase once: its function and context. Pairs
         (`pairs`: the phase's fusion.fused_pairs) first, then chains (wse/chains.py) among the other kernels;
         a bias_add -> relu of `folds` (fusion.bias_relu_pools) runs as no unit of its own: its pool and
-        the pool's gradient take its inputs."""
+        the pool's gradient take its inputs; the max_pool of a fused_batch_norm -> relu of `normalized_pools`
+        (fusion.batch_norm_relu_pools) runs in the batch norm's unit, and its gradient from the taps alone."""
         planned = []
         pairs = dict(pairs)  # the roundings in place join them
-        folded = {k.id for f in folds for k in (f.bias_add, f.relu)}
+        folded = {k.id for f in folds for k in (f.bias_add, f.relu)} | {f.pool.id for f in normalized_pools}
         fold_of = {k.id: f for f in folds for k in (f.pool, f.grad)}
+        normalized_of = {k.id: f for f in normalized_pools for k in (f.batch_norm, f.grad)}
         tails = {tail.id for tail in pairs.values()}
         chains = self._chains(kernels, exclude=set(pairs) | tails | folded)
         chain_of = {m.id: chain for chain in chains for m in chain.kernels}
@@ -465,6 +468,18 @@ class Executor:
                                                       for m in (*chain.kernels, *assigns.values())))
             elif beside is not None:
                 fn = self._together(kernel, beside)
+            elif kernel.id in normalized_of:  # the batch norm with its max pool; the pool's gradient
+                normalized = normalized_of[kernel.id]
+                taps = self._winning_taps[normalized.pool.id]
+                if kernel.id == normalized.batch_norm.id:  # its first output the pool's
+                    tail = dataclasses.replace(normalized.pool, inputs=kernel.outputs[:1])
+                    fn = batch_norm_relu_max_pool(taps, normalized.pool.attrs)
+                else:  # reads its own gradient input alone
+                    y = self.program.tensors[kernel.inputs[0]]
+                    kernel = dataclasses.replace(kernel, inputs=kernel.inputs[2:])
+                    assert tail is not None  # its relu_grad
+                    tail = dataclasses.replace(tail, inputs=tail.inputs[:1])
+                    fn = taps.max_pool_grad_of_taps(y.shape, np_dtype(y.dtype))
             elif kernel.id in self._winning_taps:  # a max_pool or its gradient (tail: a relu_grad, a to_half)
                 taps = self._winning_taps[kernel.id]
                 fn = taps.max_pool if kernel.kind == "max_pool" else taps.max_pool_grad

@@ -20,6 +20,9 @@ A conv block's bias_add -> relu whose output only its average pool and the relu_
 gradient read (`bias_relu_pools`) runs as no unit: the pool takes relu(x + bias) at its taps and the gradient
 x + bias for its features, so neither the relu's output nor the bias_add's is ever stored (TF's graph folds
 the bias and relu into the convolution instead).
+A fused_batch_norm -> relu whose output only its max pool and the pool's gradient read, where the pool keeps its
+winning taps (`batch_norm_relu_pools`), runs with the pool in one unit: the pool takes the normalized values as
+it walks its windows, and the gradient needs only the taps, so they are never stored either.
 Attention's transposes between the heads' layout and batch_matmul's are not copied where sgemm can read or
 write the matrices in place (its leading dimension): a transpose that only batch_matmuls read
 (`lazy_transposes`) hands on a view of its input, and a batch_matmul that only such transposes read
@@ -145,6 +148,22 @@ class BiasReluPool:
         return list(self.bias_add.inputs[:2])
 
 
+def _relus_read_by(kernels: Sequence[ir.Kernel], readers: Mapping[int, Sequence[int]], keep: Collection[int],
+                   tails: Mapping[int, ir.Kernel], producer_kind: str,
+                   count: int) -> Iterator[tuple[ir.Kernel, ir.Kernel, list[ir.Kernel]]]:
+    """(producer, relu, the kernels reading the relu's output) for each `producer_kind` kernel among `kernels`
+    (one phase) fused with a relu (`tails`: fused_pairs) whose output is not kept and is read by exactly
+    `count` kernels, all of the phase."""
+    by_id = {k.id: k for k in kernels}
+    for producer_id, relu in tails.items():
+        producer = by_id.get(producer_id)
+        if producer is None or producer.kind != producer_kind or relu.kind != "relu":
+            continue
+        reading = [by_id[r] for r in readers.get(relu.outputs[0], ()) if r in by_id]
+        if relu.outputs[0] not in keep and len(reading) == len(readers.get(relu.outputs[0], ())) == count:
+            yield producer, relu, reading
+
+
 def _data_format(kernel: ir.Kernel) -> str:
     value = kernel.attrs.get("data_format", "NHWC")
     return value.decode() if isinstance(value, bytes) else str(value)
@@ -158,25 +177,61 @@ def bias_relu_pools(kernels: Sequence[ir.Kernel], readers: Mapping[int, Sequence
     avg_pool_grad; the three in one data format, neither pooling kernel writing a variable."""
     by_id = {k.id: k for k in kernels}
     found = []
-    for producer_id, relu in tails.items():
-        bias_add = by_id.get(producer_id)
-        if bias_add is None or bias_add.kind != "bias_add" or relu.kind != "relu" or len(bias_add.inputs) != 2:
-            continue
+    for bias_add, relu, reading in _relus_read_by(kernels, readers, keep, tails, "bias_add", 2):
         y = relu.outputs[0]
-        reading = [by_id.get(r) for r in readers.get(y, ())]
-        if y in keep or len(reading) != 2 or any(r is None for r in reading):
-            continue
-        pools = [r for r in reading if r is not None and r.kind == "avg_pool" and r.inputs == [y]]
-        relu_grads = [r for r in reading if r is not None and r.kind == "relu_grad" and r.inputs[1:] == [y]
-                      and r.inputs[0] != y]
+        pools = [r for r in reading if r.kind == "avg_pool" and r.inputs == [y]]
+        relu_grads = [r for r in reading if r.kind == "relu_grad" and r.inputs[1:] == [y] and r.inputs[0] != y]
         grads = [by_id[p] for p, t in tails.items() if relu_grads and t.id == relu_grads[0].id and p in by_id]
-        if len(pools) != 1 or len(relu_grads) != 1 or len(grads) != 1 or grads[0].kind != "avg_pool_grad":
+        if (len(bias_add.inputs) != 2 or len(pools) != 1 or len(relu_grads) != 1 or len(grads) != 1
+                or grads[0].kind != "avg_pool_grad"):
             continue
         pool, grad = pools[0], grads[0]
         if (any(k.guard is not None or k.vars for k in (pool, grad))
                 or not (_data_format(bias_add) == _data_format(pool) == _data_format(grad))):
             continue
         found.append(BiasReluPool(bias_add, relu, pool, grad, relu_grads[0]))
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchNormReluPool:
+    """A fused_batch_norm -> relu (a fused pair) whose output only a max_pool, that pool's gradient and the
+    relu_grad fused into it read, where the pool keeps its winning taps for the gradient (winning_taps, with
+    the relu_grad): the pool runs in the batch norm's unit on its inputs (fused.batch_norm_relu_max_pool) and
+    the gradient from the taps and its own gradient input alone (WinningTaps.max_pool_grad_of_taps), so the
+    relu's output, the batch's normalized values, is never stored."""
+
+    batch_norm: ir.Kernel
+    relu: ir.Kernel
+    pool: ir.Kernel
+    grad: ir.Kernel  # the max_pool_grad, relu_grad its fused tail
+    relu_grad: ir.Kernel
+
+
+def batch_norm_relu_pools(kernels: Sequence[ir.Kernel], readers: Mapping[int, Sequence[int]], keep: Collection[int],
+                          tails: Mapping[int, ir.Kernel],
+                          taps: Mapping[int, WinningTaps]) -> list[BatchNormReluPool]:
+    """The BatchNormReluPools among `kernels` (one phase, in order), given its fused pairs (`tails`: fused_pairs)
+    and the pools that keep winning taps (`taps`: winning_taps): a fused_batch_norm fused with a relu whose
+    output is not kept and is read by exactly a max_pool (as its input), that pool's only max_pool_grad (as
+    its orig_input) and the relu_grad fused into it (as its features), the pool and gradient sharing
+    WinningTaps with the relu_grad; the batch norm and pool in NHWC."""
+    found = []
+    for batch_norm, relu, reading in _relus_read_by(kernels, readers, keep, tails, "fused_batch_norm", 3):
+        y = relu.outputs[0]
+        pools = [r for r in reading if r.kind == "max_pool" and r.inputs == [y]]
+        grads = [r for r in reading if r.kind == "max_pool_grad" and r.inputs[0] == y]
+        if len(pools) != 1 or len(grads) != 1:
+            continue
+        pool, grad = pools[0], grads[0]
+        tail = tails.get(grad.id)
+        shared = taps.get(pool.id)
+        if (tail is None or tail.kind != "relu_grad" or tail.inputs[1:] != [y] or tail not in reading
+                or shared is None or taps.get(grad.id) is not shared or not shared.relu_grad
+                or grad.inputs[1] != pool.outputs[0]
+                or not _data_format(batch_norm) == _data_format(pool) == "NHWC"):
+            continue
+        found.append(BatchNormReluPool(batch_norm, relu, pool, grad, tail))
     return found
 
 

@@ -183,7 +183,8 @@ def test_the_gradient_seed_drives_every_gradient(tmp_path):
 
 def test_fused_relus_give_the_results_of_the_kernels_one_at_a_time(tmp_path, monkeypatch):
     """The zoo CNN's fused_batch_norm -> relu, max_pool_grad and avg_pool_grad -> relu_grad run fused, its bias_add
-    -> relu runs folded into the average pool and its gradient (bias_relu_pools), the half rounding after its
+    -> relu runs folded into the average pool and its gradient (bias_relu_pools), its max pool in the batch
+    norm's unit where it keeps its winning taps (batch_norm_relu_pools), the half rounding after its
     avg_pool and fused_batch_norm_grad rounds their outputs in place
     (wse/fusion.py), and the max_pool_grad routes its gradients by the winning taps its max pool kept
     (winning_taps), or reads its window maxima from the pool's output (known_maxima); the losses and weights
@@ -207,15 +208,17 @@ def test_fused_relus_give_the_results_of_the_kernels_one_at_a_time(tmp_path, mon
         executor = Executor(program, start, grad_scaler=GradScaler(loss_scale="dynamic"))
         pool_grads = [p.fn for plan in executor._plans for p in plan if p.kernel.kind == "max_pool_grad"]
         if fuse == "taps":
-            taps, = {p.fn.__self__ for plan in executor._plans for p in plan if p.kernel.kind in ("max_pool",
-                                                                                             "max_pool_grad")}
+            taps, = set(executor._winning_taps.values())
             assert isinstance(taps, WinningTaps) and taps.relu_grad
+            # the pool runs in the batch norm's unit, its gradient from the taps and its gradient input alone
+            assert [len(p.inputs) for plan in executor._plans for p in plan if p.kernel.kind == "max_pool_grad"] == [1]
         else:
             assert pool_grads == ([WITH_KNOWN_MAXIMA["relu_grad"]] if fuse == "maxima" else [KERNELS["max_pool_grad"]])
         fused = sorted((p.kernel.kind, p.tail.kind) for plan in executor._plans for p in plan if p.tail)
         assert fused == ([("avg_pool", "to_half"), ("avg_pool_grad", "relu_grad"),
-                          ("fused_batch_norm", "relu"), ("fused_batch_norm_grad", "to_half"),
-                          ("max_pool_grad", "relu_grad")] if fuse != "none" else [])
+                          ("fused_batch_norm", "max_pool" if fuse == "taps" else "relu"),
+                          ("fused_batch_norm_grad", "to_half"), ("max_pool_grad", "relu_grad")]
+                         if fuse != "none" else [])
         losses = [executor.step(features, labels).loss for features, labels in batches]
         runs.append((losses, executor.variables()))
     for other in runs[1:]:

@@ -104,6 +104,34 @@ def test_a_bias_relu_that_only_an_average_pool_and_its_gradient_read_is_folded_i
     assert _folds(max_pooled) == []
 
 
+def test_a_batch_norm_relu_that_only_its_tap_keeping_max_pool_and_the_gradient_read_is_pooled_in_its_unit():
+    """fusion.batch_norm_relu_pools: where the relu's output is read only by a max_pool, that pool's gradient (as
+    its orig_input) and the relu_grad fused into it, the pool and gradient sharing WinningTaps with the
+    relu_grad, both NHWC; not with a fourth reader, a kept output, a pool without taps or other formats."""
+    from cerebras_tf.wse.fusion import batch_norm_relu_pools
+    from cerebras_tf.wse.kernels.pool import WinningTaps
+
+    def block(extra: tuple[ir.Kernel, ...] = (), bn_format: str = "NHWC") -> list[ir.Kernel]:
+        return [ir.Kernel(id=0, kind="fused_batch_norm", inputs=[1, 2, 3, 4, 5], outputs=[6, 7, 8, 9, 10, 11],
+                          attrs={"data_format": bn_format}),
+                _kernel(1, "relu", [6], [12]), _kernel(2, "max_pool", [12], [13]),
+                _kernel(3, "max_pool_grad", [12, 13, 14], [15]), _kernel(4, "relu_grad", [15, 12], [16]), *extra]
+
+    def found(kernels: list[ir.Kernel], keep: set[int] = frozenset(), relu_grad: bool = True,
+              shared: bool = True) -> list[tuple[int, ...]]:
+        readers = ir.readers(kernels)
+        taps = WinningTaps(relu_grad=relu_grad)
+        sharing = {2: taps, 3: taps if shared else WinningTaps(relu_grad=relu_grad)}
+        return [(f.batch_norm.id, f.relu.id, f.pool.id, f.grad.id, f.relu_grad.id) for f in batch_norm_relu_pools(
+            kernels, readers, keep, fused_pairs(kernels, readers, keep), sharing)]
+    assert found(block()) == [(0, 1, 2, 3, 4)]
+    assert found(block((_kernel(5, "neg", [12], [17]),))) == []  # another reader
+    assert found(block(), keep={12}) == []
+    assert found(block(), relu_grad=False) == []  # taps that route a gradient not relu'd
+    assert found(block(), shared=False) == []
+    assert found(block(bn_format="NCHW")) == []
+
+
 def test_a_half_rounding_that_alone_reads_a_new_array_rounds_it_in_place():
     from cerebras_tf.wse.fusion import rounding_pairs
 
@@ -269,12 +297,24 @@ def _assert_same_bits(run: tuple, reference: tuple) -> None:
         assert _same_bits(value, reference[1][key]), key
 
 
+def _folded_units(plan: list, fold: str) -> list[int]:
+    """What a fold changes in the zoo CNN's first phase: the bias_add units and the inputs the average pool
+    and its gradient take (bias_relu_pools); the inputs of the max pool's gradient (batch_norm_relu_pools)."""
+    if fold == "bias_relu_pools":
+        return [[p.kernel.kind for p in plan].count("bias_add"),
+                *(len(p.inputs) for p in plan if p.kernel.kind in ("avg_pool", "avg_pool_grad"))]
+    return [len(p.inputs) for p in plan if p.kernel.kind == "max_pool_grad"]
+
+
 @pytest.mark.parametrize("half_dtype", ["float32", "float16"], indirect=True)
 @pytest.mark.parametrize("provider", ["numpy", "tensorflow"])
-def test_cnn_steps_with_its_bias_relu_folded_into_the_pool_give_the_bits_of_steps_without(
-        tmp_path, half_dtype, provider, monkeypatch):
-    """The zoo CNN's conv2 block (bias_add -> relu -> avg_pool): the same losses, outputs and variables with
-    the relu's output never stored as with it."""
+@pytest.mark.parametrize("fold,folded,unfolded", [("bias_relu_pools", [1, 2, 3], [2, 1, 2]),
+                                                  ("batch_norm_relu_pools", [1], [3])])
+def test_cnn_steps_with_a_relu_output_never_stored_give_the_bits_of_steps_without(
+        tmp_path, half_dtype, provider, fold, folded, unfolded, monkeypatch):
+    """The zoo CNN's conv2 block (bias_add -> relu folded into its avg_pool and the pool's gradient) and its
+    bn1 block (fused_batch_norm -> relu pooled in the batch norm's unit, the gradient from the taps alone):
+    the same losses, outputs and variables with the relu's output never stored as with it."""
     from cerebras_tf.amp import GradScaler
     from cerebras_tf.run.host_kernels_tf import PROVIDERS
     from cerebras_tf.wse import executor as executor_module
@@ -282,16 +322,12 @@ def test_cnn_steps_with_its_bias_relu_folded_into_the_pool_give_the_bits_of_step
     from test_chains import _model
 
     program, start, batches = _model(tmp_path, "cnn")
-    runs, bias_adds = [], []
-    for folded in (True, False):
-        if not folded:
-            monkeypatch.setattr(executor_module, "bias_relu_pools", lambda *args: [])
+    runs = []
+    for expected in (folded, unfolded):
+        if expected is unfolded:
+            monkeypatch.setattr(executor_module, fold, lambda *args: [])
         executor = executor_module.Executor(program, start, grad_scaler=GradScaler(loss_scale="dynamic"),
                                             host_kernels=PROVIDERS[provider])
-        pools = [p for p in executor._plans[0] if p.kernel.kind in ("avg_pool", "avg_pool_grad")]
-        assert len(pools) == 2
-        assert all(len(p.inputs) == (3 if p.kernel.kind == "avg_pool_grad" else 2) for p in pools) == folded
-        bias_adds.append([p.kernel.kind for p in executor._plans[0]].count("bias_add"))
+        assert _folded_units(executor._plans[0], fold) == expected
         runs.append(([executor.step(features, labels) for features, labels in batches], executor.variables()))
-    assert bias_adds[0] == bias_adds[1] - 1  # the conv2 block's, which runs as no unit of its own
     _assert_same_bits(*runs)

@@ -527,3 +527,47 @@ def test_a_max_pool_keeping_its_winning_taps_gives_max_pool_and_its_gradient_bit
     dx = taps.max_pool_grad([x, y, g], attrs, None)[0]
     assert dx.dtype == expected.dtype and dx.shape == x_then.shape
     np.testing.assert_array_equal(dx.view(bits), expected.view(bits))
+
+
+@pytest.mark.parametrize("shape,ksize,strides,padding", [
+    ((2, 8, 8, 3), 2, 2, "VALID"),   # tiles the input
+    ((2, 9, 9, 3), 2, 2, "VALID"),   # a row and column in no window
+    ((2, 7, 7, 3), 3, 3, "SAME"),    # padded
+    ((2, 9, 9, 3), 2, 3, "VALID"),   # gaps between the windows
+])
+@pytest.mark.parametrize("training", [True, False])
+def test_a_batch_norm_relu_max_pool_gives_the_kernels_outputs_and_gradient_bit_for_bit(
+        shape, ksize, strides, padding, training, rng, jit):
+    """fused.batch_norm_relu_max_pool (fusion.batch_norm_relu_pools): the batch norm's outputs, its relu'd y
+    max-pooled (never stored: the pool takes the normalized values at its taps), and the gradient from the
+    taps alone (WinningTaps.max_pool_grad_of_taps) that of max_pool_grad -> relu_grad on y: with NaN, inf and
+    -0.0 inputs, windows of no positive value, and a channel whose every value is the same (normalized to the
+    offset: ties). The input is then changed, so a gradient that read it would differ. Without numba the pool
+    keeps y for the gradient."""
+    from cerebras_tf.wse.kernels.fused import FUSED, batch_norm_relu_max_pool
+    from cerebras_tf.wse.kernels.norm import batch_norm
+    from cerebras_tf.wse.kernels.pool import WinningTaps
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[0, 0, :3, 0] = [np.nan, np.inf, -0.0]
+    x[1, 2:4, 2:4, 1] = -50.0  # far below the mean: a window of no positive value
+    x[..., 2] = 0.25  # one value: (x - mean) is 0, y is the offset's relu
+    channels = shape[-1]
+    inputs = [x, rng.standard_normal(channels).astype(np.float32), np.array([0.5, -0.25, 0.0], np.float32),
+              rng.standard_normal(channels).astype(np.float32), rng.random(channels).astype(np.float32)]
+    bn_attrs = {"epsilon": 1e-3, "is_training": training, "data_format": "NHWC"}
+    pool_attrs = {"ksize": [1, ksize, ksize, 1], "strides": [1, strides, strides, 1], "padding": padding,
+                  "data_format": "NHWC"}
+    with np.errstate(invalid="ignore"):
+        y, *statistics = batch_norm(inputs, bn_attrs, relu=True)
+        pooled = run("max_pool", [y], pool_attrs)[0]
+        g = rng.standard_normal(pooled.shape).astype(np.float32)
+        g.flat[:3] = [np.inf, -np.inf, np.nan]
+        expected = FUSED[("max_pool_grad", "relu_grad")].fn([y, pooled, g], pool_attrs, None)[0]
+        taps = WinningTaps(relu_grad=True)
+        outputs = batch_norm_relu_max_pool(taps, pool_attrs)(inputs, bn_attrs, None)
+        for got, want in zip(outputs, [pooled, *statistics]):
+            _assert_bits_equal(got, want)
+        x[...] = 7.0  # the gradient reads neither the pool's input nor what it pooled
+        dx = taps.max_pool_grad_of_taps(shape, np.float32)([g], pool_attrs, None)[0]
+    _assert_bits_equal(dx, expected)
+    assert taps._taps is None and taps._pooled is None  # nothing outlives the gradient

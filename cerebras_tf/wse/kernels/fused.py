@@ -18,8 +18,8 @@ import numpy as np
 
 from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._registry import KERNELS, KernelContext, KernelFn
-from cerebras_tf.wse.kernels.norm import batch_norm
-from cerebras_tf.wse.kernels.pool import avg_pool_grad_relu_grad, max_pool_grad_relu_grad
+from cerebras_tf.wse.kernels.norm import batch_norm, batch_norm_affine
+from cerebras_tf.wse.kernels.pool import WinningTaps, avg_pool_grad_relu_grad, max_pool_grad_relu_grad
 from cerebras_tf.wse.memory import empty_aligned
 from cerebras_tf.wse.threads import STREAMING_MIN_ELEMENTS_PER_THREAD, split_range
 
@@ -55,6 +55,24 @@ def fused_batch_norm_relu(inputs: list[np.ndarray], attrs: Mapping[str, Any],
                           ctx: KernelContext) -> list[np.ndarray]:
     """fused_batch_norm with relu applied to y as it is written."""
     return batch_norm(inputs, attrs, relu=True)
+
+
+def batch_norm_relu_max_pool(taps: WinningTaps, pool_attrs: Mapping[str, Any]) -> KernelFn:
+    """fused_batch_norm -> relu -> max_pool (fusion.batch_norm_relu_pools) as one kernel on the batch norm's
+    inputs and attrs: its outputs, the pooled relu output first (the max pool of `pool_attrs`, keeping its
+    winning taps in `taps` for its gradient). The pool takes the normalized values as it walks its windows
+    (WinningTaps.max_pool_of_normalized): the batch norm's output, the relu's, is never stored, where
+    numba runs the float32 NHWC pool; else the kernels one after the other. The same bits either way."""
+    def kernel(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+        x = inputs[0]
+        if (_jit.enabled() and not str(attrs.get("data_format", "NHWC")).startswith("NC")
+                and taps.pools_normalized(x, pool_attrs)):
+            affine, others = batch_norm_affine(np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1]),
+                                               inputs, attrs)
+            return [taps.max_pool_of_normalized(x, affine, pool_attrs), *others]
+        y, *others = batch_norm(inputs, attrs, relu=True)
+        return [taps.max_pool_keeping_input(y, pool_attrs, ctx), *others]
+    return kernel
 
 
 @dataclasses.dataclass(frozen=True)

@@ -182,41 +182,64 @@ def batch_norm(inputs: list[np.ndarray], attrs: Mapping[str, Any], relu: bool = 
     """fused_batch_norm's outputs; with `relu`, y is passed through relu as it is written (the same bits
     as the relu kernel on y)."""
     x, scale, offset, mean, var = inputs
-    eps = np.float32(attrs.get("epsilon", 1e-4))
-    f = np.float32(attrs.get("exponential_avg_factor", 1.0))
     x2, nc = _layout(x, attrs)
-    empty = np.zeros((0,), np.float32)
-    if not attrs.get("is_training", True):
-        sf = (1 / np.sqrt(np.asarray(var, np.float32) + eps)) * scale
-        if _jit.enabled():
-            y = _normalize_jit(np.ascontiguousarray(x2), _f32(mean), _f32(sf), _f32(offset), relu)
-        else:
-            y = _relu_numpy((x2 - mean) * sf + offset, relu)
-        return [_restore(y, x, nc), np.array(mean, np.float32), np.array(var, np.float32),
-                np.array(mean, np.float32), np.array(var, np.float32), empty]
-    n = x2.shape[0]
     if _jit.enabled():
         x2 = np.ascontiguousarray(x2)
-        bmean = _channel_sums_jit(x2) * np.float32(1.0 / n)
-        bvar = _channel_sums_jit(x2, bmean) * np.float32(1.0 / n)
-        sf = (1 / np.sqrt(bvar + eps)) * scale
-        y = _normalize_jit(x2, bmean, _f32(sf), _f32(offset), relu)
-    else:
-        xw, k = _wide(x2)
-        bmean = _channel_sum(xw, k) * np.float32(1.0 / n)
-        y = xw - np.tile(bmean, k)  # x - mean, then y in place
-        bvar = _channel_dot(y, y, k) * np.float32(1.0 / n)
-        sf = (1 / np.sqrt(bvar + eps)) * scale
-        y *= np.tile(sf, k)
-        y += np.tile(np.asarray(offset, np.float32), k)
-        y = _relu_numpy(y, relu)
+        affine, others = batch_norm_affine(x2, inputs, attrs)
+        return [_restore(_normalize_jit(x2, affine[0], affine[1], affine[2], relu), x, nc), *others]
+    eps = np.float32(attrs.get("epsilon", 1e-4))
+    if not attrs.get("is_training", True):
+        sf = (1 / np.sqrt(np.asarray(var, np.float32) + eps)) * scale
+        y = _relu_numpy((x2 - mean) * sf + offset, relu)
+        return [_restore(y, x, nc), *_inference_statistics(mean, var)]
+    n = x2.shape[0]
+    xw, k = _wide(x2)
+    bmean = _channel_sum(xw, k) * np.float32(1.0 / n)
+    y = xw - np.tile(bmean, k)  # x - mean, then y in place
+    bvar = _channel_dot(y, y, k) * np.float32(1.0 / n)
+    sf = (1 / np.sqrt(bvar + eps)) * scale
+    y *= np.tile(sf, k)
+    y += np.tile(np.asarray(offset, np.float32), k)
+    y = _relu_numpy(y, relu)
+    return [_restore(y, x, nc), *_training_statistics(mean, var, bmean, bvar, n, attrs)]
+
+
+def batch_norm_affine(x2: np.ndarray, inputs: list[np.ndarray],
+                      attrs: Mapping[str, Any]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The numba path's (3, C) float32 rows mean, factor, offset that y = (x - mean) * factor + offset takes
+    (_normalize_relu), of x2 (C-contiguous float32 [rows, C]: _layout's) and fused_batch_norm's other inputs
+    and attrs; with fused_batch_norm's outputs after y."""
+    _, scale, offset, mean, var = inputs
+    eps = np.float32(attrs.get("epsilon", 1e-4))
+    if not attrs.get("is_training", True):
+        sf = (1 / np.sqrt(np.asarray(var, np.float32) + eps)) * scale
+        return np.stack([_f32(mean), _f32(sf), _f32(offset)]), _inference_statistics(mean, var)
+    n = x2.shape[0]
+    bmean = _channel_sums_jit(x2) * np.float32(1.0 / n)
+    bvar = _channel_sums_jit(x2, bmean) * np.float32(1.0 / n)
+    sf = (1 / np.sqrt(bvar + eps)) * scale
+    return (np.stack([_f32(bmean), _f32(sf), _f32(offset)]),
+            _training_statistics(mean, var, bmean, bvar, n, attrs))
+
+
+def _inference_statistics(mean: np.ndarray, var: np.ndarray) -> list[np.ndarray]:
+    """fused_batch_norm's outputs after y when not training: the given mean and variance, twice."""
+    return [np.array(mean, np.float32), np.array(var, np.float32), np.array(mean, np.float32),
+            np.array(var, np.float32), np.zeros((0,), np.float32)]
+
+
+def _training_statistics(mean: np.ndarray, var: np.ndarray, bmean: np.ndarray, bvar: np.ndarray, n: int,
+                         attrs: Mapping[str, Any]) -> list[np.ndarray]:
+    """fused_batch_norm's outputs after y when training: the running mean and variance (Bessel-corrected),
+    then the batch's."""
+    f = np.float32(attrs.get("exponential_avg_factor", 1.0))
     adjust = np.float32(n / max(n - 1, 1))
     if f == 1:
         run_mean, run_var = bmean.copy(), bvar * adjust
     else:
         run_mean = (1 - f) * mean + f * bmean
         run_var = (1 - f) * var + f * bvar * adjust
-    return [_restore(y, x, nc), run_mean.astype(np.float32), run_var.astype(np.float32), bmean, bvar, empty]
+    return [run_mean.astype(np.float32), run_var.astype(np.float32), bmean, bvar, np.zeros((0,), np.float32)]
 
 
 @register("fused_batch_norm_grad")

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from cerebras_tf.wse.kernels import _jit
-from cerebras_tf.wse.kernels._registry import KERNELS, KernelContext, register
+from cerebras_tf.wse.kernels._registry import KERNELS, KernelContext, KernelFn, register
 from cerebras_tf.wse.kernels._select import keep_where
 from cerebras_tf.wse.kernels._split import split_units
 from cerebras_tf.wse.kernels.elementwise_grad import relu_grad as relu_grad_kernel
@@ -78,16 +78,20 @@ NO_TAP = 255
 
 @_jit.jit
 def _max_pool_loop(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, pl: int, low: Any,
-                   out: np.ndarray, taps: np.ndarray | None, relu_grad: bool, lo: int, hi: int) -> None:
+                   out: np.ndarray, taps: np.ndarray | None, relu_grad: bool, affine: np.ndarray | None,
+                   lo: int, hi: int) -> None:
     """out[n] = the window max of NHWC x[n] for n in [lo, hi), as the numpy code's np.maximum over taps. With taps
     (uint8, out's shape: WinningTaps), also each window's winning tap (i * kw + j): the first tap equal to the
     window max, where max_pool_grad routes its gradient; NO_TAP where none takes it (a NaN max; with relu_grad,
     a max not > 0). Walking the taps, the winner moves only to a strictly greater value (or from no valid tap
     yet), so it is the first tap equal to the final max. taps None is a type of its own: numba compiles the
-    loop without the taps' branches for it (as fast as a loop without them)."""
+    loop without the taps' branches for it (as fast as a loop without them). With an affine ((3, C): mean,
+    factor, offset), of relu((x - mean) * factor + offset) instead, as batch norm's _normalize_relu computes
+    it: a batch norm + relu's output pooled without being stored (BatchNormReluPool)."""
     h, w, c = x.shape[1], x.shape[2], x.shape[3]
     oh, ow = out.shape[1], out.shape[2]
     none = np.uint8(NO_TAP)
+    zero = out.dtype.type(0)
     for n in range(lo, hi):
         for i0 in range(oh):
             for j0 in range(ow):
@@ -108,11 +112,17 @@ def _max_pool_loop(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, p
                             t = np.uint8(i * kw + j)
                             for k in range(c):
                                 a, b, f = out[n, i0, j0, k], x[n, r, q, k], taps[n, i0, j0, k]
+                                if affine is not None:
+                                    b = (b - affine[0, k]) * affine[1, k] + affine[2, k]
+                                    b = b if b > 0 or b != b else zero
                                 taps[n, i0, j0, k] = t if (b > a) | (f == none) else f
                                 out[n, i0, j0, k] = a if (a > b or a != a) else b  # np.maximum(a, b)
                         else:
                             for k in range(c):
                                 a, b = out[n, i0, j0, k], x[n, r, q, k]
+                                if affine is not None:
+                                    b = (b - affine[0, k]) * affine[1, k] + affine[2, k]
+                                    b = b if b > 0 or b != b else zero
                                 out[n, i0, j0, k] = a if (a > b or a != a) else b  # np.maximum(a, b)
                 if taps is not None:
                     for k in range(c):
@@ -385,7 +395,7 @@ def max_pool(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelCont
         out = empty_aligned((g.n, g.oh, g.ow, g.c), x.dtype)
         low = _low(x.dtype)
         split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _max_pool_loop(xn, *_geometry(g), low, out, None, False,
-                                                                         lo, hi))
+                                                                         None, lo, hi))
         return [_back(out, g)]
     return [_back(_max(_nhwc(x, g), g)[1], g)]
 
@@ -500,6 +510,7 @@ class WinningTaps:
     def __init__(self, relu_grad: bool) -> None:
         self.relu_grad = relu_grad
         self._taps: np.ndarray | None = None
+        self._pooled: tuple[np.ndarray, np.ndarray] | None = None  # a folded pool's (input, output) without taps
 
     def max_pool(self, inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
         """max_pool, keeping the window's winning taps for the gradient (NHWC; an NCHW pool is transposed)."""
@@ -508,23 +519,58 @@ class WinningTaps:
         if not _jit_ok(x):
             self._taps = None
             return max_pool(inputs, attrs, ctx)
+        return [self._pool(x, g, None)]
+
+    def _pool(self, x: np.ndarray, g: Geom, affine: np.ndarray | None) -> np.ndarray:
         xn = np.ascontiguousarray(_nhwc(x, g))
         out = empty_aligned((g.n, g.oh, g.ow, g.c), x.dtype)
         taps = np.empty((g.n, g.oh, g.ow, g.c), np.uint8)
         low = _low(x.dtype)
         split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _max_pool_loop(
-            xn, *_geometry(g), low, out, taps, self.relu_grad, lo, hi))
+            xn, *_geometry(g), low, out, taps, self.relu_grad, affine, lo, hi))
         self._taps = taps
-        return [_back(out, g)]
+        return _back(out, g)
+
+    @staticmethod
+    def pools_normalized(x: np.ndarray, attrs: Mapping[str, Any]) -> bool:
+        """Whether max_pool_of_normalized takes x: float32 NHWC, with numba."""
+        return _jit_ok(x) and x.dtype == np.float32 and x.ndim == 4 and not _geom(attrs, x.shape).nchw
+
+    def max_pool_of_normalized(self, x: np.ndarray, affine: np.ndarray, attrs: Mapping[str, Any]) -> np.ndarray:
+        """max_pool(relu((x - mean) * factor + offset)) for affine (3, C) float32 rows mean, factor, offset (a
+        batch norm's: its _normalize_relu's values, bit for bit), keeping the taps; x as pools_normalized takes
+        it. The normalized values are never stored: the gradient (max_pool_grad_of_taps) does not read them."""
+        return self._pool(x, _geom(attrs, x.shape), affine)
+
+    def max_pool_keeping_input(self, y: np.ndarray, attrs: Mapping[str, Any], ctx: KernelContext) -> np.ndarray:
+        """max_pool(y) for a folded pool that cannot pool the normalized values as they are made
+        (pools_normalized): y is kept for max_pool_grad_of_taps where the pool keeps no taps."""
+        out = self.max_pool([y], attrs, ctx)[0]
+        self._pooled = (y, out) if self._taps is None else None
+        return out
 
     def max_pool_grad(self, inputs: list[np.ndarray], attrs: Mapping[str, Any],
                       ctx: KernelContext) -> list[np.ndarray]:
         """max_pool_grad(x, y, grad) (relu_grad'ed on the way out with `relu_grad`) from the pool's taps; without
         them (the pool ran without numba), as max_pool_grad_of_output(_relu_grad)."""
-        taps, self._taps = self._taps, None
         x, _, grad = inputs
-        g = _geom(attrs, x.shape)
-        if taps is None or not _jit_ok(grad) or grad.dtype != x.dtype or taps.shape != (g.n, g.oh, g.ow, g.c):
+        return self._grad(x.shape, x.dtype, grad, attrs, ctx, inputs)
+
+    def max_pool_grad_of_taps(self, shape: Sequence[int], dtype: Any) -> KernelFn:
+        """max_pool_grad on inputs (grad) alone, for a pooled input of `shape` and `dtype` that was never stored
+        (max_pool_of_normalized): from the taps, or without them from what the pool kept."""
+        def grad_of_taps(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+            pooled, self._pooled = self._pooled, None
+            return self._grad(shape, np.dtype(dtype), inputs[0], attrs, ctx,
+                              [*pooled, inputs[0]] if pooled is not None else None)
+        return grad_of_taps
+
+    def _grad(self, shape: Sequence[int], dtype: np.dtype, grad: np.ndarray, attrs: Mapping[str, Any],
+              ctx: KernelContext, inputs: list[np.ndarray] | None) -> list[np.ndarray]:
+        taps, self._taps = self._taps, None
+        g = _geom(attrs, shape)
+        if taps is None or not _jit_ok(grad) or grad.dtype != dtype or taps.shape != (g.n, g.oh, g.ow, g.c):
+            assert inputs is not None, "a folded pool's gradient without the pool's taps or its kept input"
             return _max_pool_grad(inputs, attrs, ctx, relu_grad=self.relu_grad, known=True)
         gn = np.ascontiguousarray(_nhwc(grad, g))
         dx = empty_aligned((g.n, g.h, g.w, g.c), grad.dtype)
