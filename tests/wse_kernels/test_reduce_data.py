@@ -24,6 +24,28 @@ def test_reductions(kind, axis, keep, rng):
           REDUCE[kind](input=x, axis=axis, keep_dims=keep), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("shape,axis", [((64, 8, 8, 64), [0, 1, 2]), ((4096, 64), [0]), ((300, 2), [0]),
+                                        ((8, 128, 3, 5), [0, 1]), ((1000, 1), [0]), ((7, 9, 16), [1, 2]),
+                                        ((7, 9, 16), [-3, -2]), ((5, 6), None)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("strided", [False, True])
+def test_sum_and_mean_over_outer_axes_have_numpys_bits(shape, axis, dtype, strided, rng, jit):
+    """Summed over its leading axes, a C-contiguous float array's rows are added in numpy's own order by one
+    numba loop (reduce.outer_sum): numpy's bits, however many values each row keeps (one column numpy sums
+    pairwise: numpy's code); other axes and strided arrays keep numpy's code."""
+    x = (rng.standard_normal(shape) * 1e3).astype(dtype)
+    x.reshape(-1)[:3] = [np.inf, -0.0, 1e-40]
+    if strided:
+        x = np.repeat(x, 2, axis=-1)[..., ::2]
+    axes = tuple(range(len(shape))) if axis is None else tuple(sorted(a % len(shape) for a in axis))
+    words = np.uint32 if dtype == np.float32 else np.uint64
+    for kind, expected in [("sum", x.sum(axis=axes, dtype=dtype)),
+                           ("mean", x.sum(axis=axes, dtype=dtype) / dtype(np.prod([shape[a] for a in axes])))]:
+        ours = run(kind, [x], {"axis": axis})[0]
+        assert ours.dtype == expected.dtype and ours.shape == expected.shape, kind
+        np.testing.assert_array_equal(np.asarray(ours).view(words), np.asarray(expected).view(words), err_msg=kind)
+
+
 @pytest.mark.parametrize("kind", ["sum", "mean", "max", "prod"])
 def test_int_reductions(kind, rng):
     x = rng.integers(-7, 7, size=(4, 6)).astype(np.int32)

@@ -14,6 +14,7 @@ from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._registry import KernelContext, register
 from cerebras_tf.wse.kernels._select import keep_where
 from cerebras_tf.wse.kernels.elementwise import SELU_ALPHA, SELU_SCALE
+from cerebras_tf.wse.kernels.reduce import outer_sum
 from cerebras_tf.wse.threads import STREAMING_MIN_ELEMENTS_PER_THREAD, map_elementwise
 
 
@@ -102,26 +103,12 @@ def reciprocal_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Ker
     return [-y * y * dy]
 
 
-@_jit.jit
-def _channel_sums(g2: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled by numba
-    """out[k] = the sum of g2[:, k], adding row after row (numpy's order for an outer-axis sum)."""
-    c = g2.shape[1]
-    for k in range(c):
-        out[k] = 0
-    for r in range(g2.shape[0]):
-        for k in range(c):
-            out[k] += g2[r, k]
-
-
 @register("bias_add_grad")
 def bias_add_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
     """Sum of the gradient over every axis but the channel axis. Channels last (and at least two of
     them: numpy sums a single column pairwise), numba adds the rows in numpy's order: the same bits."""
     g = inputs[0]
     ch = 1 if str(attrs.get("data_format", "NHWC")).startswith("NC") and g.ndim >= 3 else g.ndim - 1
-    if _jit.enabled() and ch == g.ndim - 1 and g.ndim >= 2 and g.shape[-1] >= 2 and g.dtype in (np.float32,
-                                                                                                   np.float64):
-        out = np.empty(g.shape[-1], g.dtype)
-        _channel_sums(np.ascontiguousarray(g).reshape(-1, g.shape[-1]), out)
-        return [out]
-    return [g.sum(axis=tuple(a for a in range(g.ndim) if a != ch), dtype=g.dtype)]
+    axes = tuple(a for a in range(g.ndim) if a != ch)
+    fast = outer_sum(np.ascontiguousarray(g), axes) if ch == g.ndim - 1 else None
+    return [fast if fast is not None else g.sum(axis=axes, dtype=g.dtype)]

@@ -8,6 +8,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._registry import KernelContext, KernelFn, np_dtype, register
 
 
@@ -16,6 +17,36 @@ def _axes(axis: Any, ndim: int) -> tuple[int, ...]:
         return tuple(range(ndim))
     values = np.atleast_1d(np.asarray(axis, np.int64)).tolist()
     return tuple(sorted({a + ndim if a < 0 else a for a in values}))
+
+
+@_jit.jit
+def _outer_sums(x2: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled by numba
+    """out[k] = the sum of x2[:, k], adding row after row (numpy's order for an outer-axis sum)."""
+    c = x2.shape[1]
+    for k in range(c):
+        out[k] = 0
+    for r in range(x2.shape[0]):
+        for k in range(c):
+            out[k] += x2[r, k]
+
+
+def outer_sum(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray | None:
+    """x.sum(axis=axes, dtype=x.dtype) where numba adds the rows in numpy's own order, the same bits: float x,
+    C-contiguous, summed over its leading axes with at least two values kept (numpy sums one column
+    pairwise). numpy's reduction over outer axes makes one short inner-loop call per row (the zoo CNN's
+    batch-norm moments over 64x8x8x64: 0.054 ms hot, 0.017 in one loop). None where it does not apply."""
+    kept = x.shape[len(axes):]
+    if not (_jit.enabled() and x.dtype in (np.float32, np.float64) and x.flags.c_contiguous
+            and axes == tuple(range(len(axes))) and 0 < len(axes) < x.ndim and int(np.prod(kept)) >= 2):
+        return None
+    out = np.empty(kept, x.dtype)
+    _outer_sums(x.reshape(-1, out.size), out.reshape(-1))
+    return out
+
+
+def _sum(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    fast = outer_sum(x, axes)
+    return fast if fast is not None else x.sum(axis=axes, dtype=x.dtype)
 
 
 def _make(reducer):
@@ -34,10 +65,10 @@ def _mean(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
         n = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
         s = x.sum(axis=axes, dtype=x.dtype)
         return (np.sign(s) * (np.abs(s) // n)).astype(x.dtype)
-    return (x.sum(axis=axes, dtype=x.dtype) / x.dtype.type(int(np.prod([x.shape[a] for a in axes])) or 1))
+    return _sum(x, axes) / x.dtype.type(int(np.prod([x.shape[a] for a in axes])) or 1)
 
 
-register("sum")(_make(lambda x, a: x.sum(axis=a, dtype=x.dtype)))
+register("sum")(_make(_sum))
 register("mean")(_make(_mean))
 register("max")(_make(lambda x, a: x.max(axis=a) if x.size else np.full(
     [d for i, d in enumerate(x.shape) if i not in a], -np.inf, x.dtype)))
