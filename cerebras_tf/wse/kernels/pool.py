@@ -505,7 +505,9 @@ class WinningTaps:
     pool 0.01-0.05 ms slower). The same bits as max_pool_grad(_relu_grad) on the pool's input and output.
     `relu_grad`: a relu_grad on the pooled input is fused into the gradient (relu_grad(dx, x)); the tap of a
     window whose max is not > 0 then takes nothing. The bytes live from the pool to its gradient in the same
-    step (the executor runs the gradient after the pool: it reads the pool's output); the gradient takes them."""
+    step (the executor runs the gradient after the pool: it reads the pool's output); the gradient takes them.
+    A batch norm's relu'd output may be pooled as it is made, never stored (max_pool_of_normalized,
+    fusion.batch_norm_relu_pools); its gradient then takes only its own input (max_pool_grad_of_taps)."""
 
     def __init__(self, relu_grad: bool) -> None:
         self.relu_grad = relu_grad

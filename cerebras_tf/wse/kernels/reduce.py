@@ -1,6 +1,7 @@
 """Reductions (axis attr: int, list or None = all; keep_dims), argmax/argmin, cumsum, band_part.
 
-Integer mean truncates toward zero like TF; empty axis lists reduce nothing.
+Integer mean truncates toward zero like TF; empty axis lists reduce nothing. A float sum or mean over a
+contiguous array's leading axes adds its rows in one numba loop, in numpy's own order (outer_sum).
 """
 from __future__ import annotations
 
