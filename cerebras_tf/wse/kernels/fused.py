@@ -65,8 +65,7 @@ def batch_norm_relu_max_pool(taps: WinningTaps, pool_attrs: Mapping[str, Any]) -
     numba runs the float32 NHWC pool; else the kernels one after the other. The same bits either way."""
     def kernel(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
         x = inputs[0]
-        if (_jit.enabled() and not str(attrs.get("data_format", "NHWC")).startswith("NC")
-                and taps.pools_normalized(x, pool_attrs)):
+        if not str(attrs.get("data_format", "NHWC")).startswith("NC") and taps.pools_normalized(x, pool_attrs):
             affine, others = batch_norm_affine(np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1]),
                                                inputs, attrs)
             return [taps.max_pool_of_normalized(x, affine, pool_attrs), *others]

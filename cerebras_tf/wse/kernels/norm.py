@@ -82,15 +82,23 @@ def _normalize(x2: np.ndarray, mean: np.ndarray, factor: np.ndarray, offset: np.
 
 
 @_jit.jit
+def normalized_relu(x: Any, mean: Any, factor: Any, offset: Any, zero: Any) -> Any:  # pragma: no cover - numba
+    """relu((x - mean) * factor + offset) of one value, relu as elementwise.relu (NaN kept, -0 -> `zero`, the
+    dtype's +0): what a batch norm + relu writes (_normalize_relu), and what a max pool of it takes without
+    it being stored (pool._max_pool_loop)."""
+    v = (x - mean) * factor + offset
+    return v if v > 0 or v != v else zero
+
+
+@_jit.jit
 def _normalize_relu(x2: np.ndarray, mean: np.ndarray, factor: np.ndarray, offset: np.ndarray, y: np.ndarray,
                     lo: int, hi: int) -> None:
-    """y = relu((x2 - mean) * factor + offset) on rows [lo, hi), relu as elementwise.relu."""
+    """y = relu((x2 - mean) * factor + offset) on rows [lo, hi) (normalized_relu)."""
     c = x2.shape[1]
     zero = y.dtype.type(0)
     for r in range(lo, hi):
         for k in range(c):
-            v = (x2[r, k] - mean[k]) * factor[k] + offset[k]
-            y[r, k] = v if v > 0 or v != v else zero
+            y[r, k] = normalized_relu(x2[r, k], mean[k], factor[k], offset[k], zero)
 
 
 @_jit.jit

@@ -30,6 +30,7 @@ from cerebras_tf.wse.kernels._registry import KERNELS, KernelContext, KernelFn, 
 from cerebras_tf.wse.kernels._select import keep_where
 from cerebras_tf.wse.kernels._split import split_units
 from cerebras_tf.wse.kernels.elementwise_grad import relu_grad as relu_grad_kernel
+from cerebras_tf.wse.kernels.norm import normalized_relu
 from cerebras_tf.wse.memory import empty_aligned
 from cerebras_tf.wse.kernels.conv_geometry import Geom
 
@@ -86,8 +87,8 @@ def _max_pool_loop(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, p
     a max not > 0). Walking the taps, the winner moves only to a strictly greater value (or from no valid tap
     yet), so it is the first tap equal to the final max. taps None is a type of its own: numba compiles the
     loop without the taps' branches for it (as fast as a loop without them). With an affine ((3, C): mean,
-    factor, offset), of relu((x - mean) * factor + offset) instead, as batch norm's _normalize_relu computes
-    it: a batch norm + relu's output pooled without being stored (BatchNormReluPool)."""
+    factor, offset), of norm.normalized_relu's values instead, as a batch norm + relu writes them: its output
+    pooled without being stored (BatchNormReluPool)."""
     h, w, c = x.shape[1], x.shape[2], x.shape[3]
     oh, ow = out.shape[1], out.shape[2]
     none = np.uint8(NO_TAP)
@@ -113,16 +114,14 @@ def _max_pool_loop(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, p
                             for k in range(c):
                                 a, b, f = out[n, i0, j0, k], x[n, r, q, k], taps[n, i0, j0, k]
                                 if affine is not None:
-                                    b = (b - affine[0, k]) * affine[1, k] + affine[2, k]
-                                    b = b if b > 0 or b != b else zero
+                                    b = normalized_relu(b, affine[0, k], affine[1, k], affine[2, k], zero)
                                 taps[n, i0, j0, k] = t if (b > a) | (f == none) else f
                                 out[n, i0, j0, k] = a if (a > b or a != a) else b  # np.maximum(a, b)
                         else:
                             for k in range(c):
                                 a, b = out[n, i0, j0, k], x[n, r, q, k]
                                 if affine is not None:
-                                    b = (b - affine[0, k]) * affine[1, k] + affine[2, k]
-                                    b = b if b > 0 or b != b else zero
+                                    b = normalized_relu(b, affine[0, k], affine[1, k], affine[2, k], zero)
                                 out[n, i0, j0, k] = a if (a > b or a != a) else b  # np.maximum(a, b)
                 if taps is not None:
                     for k in range(c):
