@@ -69,7 +69,7 @@ from cerebras_tf.wse.kernels import (DENSE_KINDS, KERNELS, NUMPY_HOST_KERNELS, H
                                     KernelInputError, np_dtype)
 from cerebras_tf.wse.kernels._registry import KernelFn
 from cerebras_tf.wse.kernels.data import transpose_view
-from cerebras_tf.wse.kernels.fused import FUSED, batch_norm_relu_max_pool
+from cerebras_tf.wse.kernels.fused import FUSED, ROUNDED_AS_WRITTEN, batch_norm_relu_max_pool
 from cerebras_tf.wse.kernels.half import round_half, round_half_in_layout, rounds_in_place
 from cerebras_tf.wse.kernels.linalg import provided_together
 from cerebras_tf.wse.kernels.pool import avg_pool_grad_of_bias_relu, avg_pool_of_bias_relu
@@ -499,6 +499,8 @@ class Executor:
                     assert tail is not None  # its relu_grad
                     tail, fn, taken = (dataclasses.replace(tail, inputs=[tail.inputs[0], *fold.taken]),
                                        avg_pool_grad_of_bias_relu, fold.taken)
+            elif tail is not None and tail.kind == "to_half" and kernel.kind in ROUNDED_AS_WRITTEN:
+                fn = ROUNDED_AS_WRITTEN[kernel.kind](self.half_dtype)
             elif tail is not None and tail.kind == "to_half":
                 fn = self._rounding_in_place(KERNELS[kernel.kind])
             elif tail is not None:

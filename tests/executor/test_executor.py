@@ -185,8 +185,9 @@ def test_fused_relus_give_the_results_of_the_kernels_one_at_a_time(tmp_path, mon
     """The zoo CNN's fused_batch_norm -> relu, max_pool_grad and avg_pool_grad -> relu_grad run fused, its bias_add
     -> relu runs folded into the average pool and its gradient (bias_relu_pools), its max pool in the batch
     norm's unit where it keeps its winning taps (batch_norm_relu_pools), the half rounding after its
-    avg_pool and fused_batch_norm_grad rounds their outputs in place
-    (wse/fusion.py), and the max_pool_grad routes its gradients by the winning taps its max pool kept
+    avg_pool rounds its output in place and the one after fused_batch_norm_grad as the kernel writes dx
+    (fused.ROUNDED_AS_WRITTEN; in place after it in the second run) (wse/fusion.py), and the max_pool_grad
+    routes its gradients by the winning taps its max pool kept
     (winning_taps), or reads its window maxima from the pool's output (known_maxima); the losses and weights
     after a few float16 steps are those of the unfused kernels, bit for bit."""
     from cerebras_tf.wse import executor as executor_module
@@ -201,12 +202,18 @@ def test_fused_relus_give_the_results_of_the_kernels_one_at_a_time(tmp_path, mon
     for fuse in ("taps", "maxima", "none"):
         if fuse != "taps":
             monkeypatch.setattr(executor_module, "winning_taps", lambda *args, **kw: {})
+            monkeypatch.setattr(executor_module, "ROUNDED_AS_WRITTEN", {})
         if fuse == "none":
             monkeypatch.setattr(executor_module, "fused_pairs", lambda *args, **kw: {})
             monkeypatch.setattr(executor_module, "rounding_pairs", lambda *args, **kw: {})
             monkeypatch.setattr(executor_module, "known_maxima", lambda *args, **kw: set())
         executor = Executor(program, start, grad_scaler=GradScaler(loss_scale="dynamic"))
         pool_grads = [p.fn for plan in executor._plans for p in plan if p.kernel.kind == "max_pool_grad"]
+        norm_grads = [p.fn.__qualname__ for plan in executor._plans for p in plan
+                      if p.kernel.kind == "fused_batch_norm_grad"]
+        assert norm_grads == [{"taps": "rounded_batch_norm_grad.<locals>.kernel",
+                               "maxima": "Executor._rounding_in_place.<locals>.rounding",
+                               "none": "fused_batch_norm_grad"}[fuse]]
         if fuse == "taps":
             taps, = set(executor._winning_taps.values())
             assert isinstance(taps, WinningTaps) and taps.relu_grad

@@ -571,3 +571,36 @@ def test_a_batch_norm_relu_max_pool_gives_the_kernels_outputs_and_gradient_bit_f
         dx = taps.max_pool_grad_of_taps(shape, np.float32)([g], pool_attrs, None)[0]
     _assert_bits_equal(dx, expected)
     assert taps._taps is None and taps._pooled is None  # nothing outlives the gradient
+
+
+@pytest.mark.parametrize("half_dtype", ["float16", "bfloat16", "cbfloat16"])
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
+def test_a_batch_norm_gradient_rounding_dx_as_it_writes_it_is_the_kernel_then_round_half_bit_for_bit(
+        half_dtype, training, data_format, rng, jit):
+    """norm.rounded_batch_norm_grad (a to_half after fused_batch_norm_grad, fused.ROUNDED_AS_WRITTEN): dx
+    rounded in the loop that writes it (half.rounded: float16 and bfloat16) or by round_half after (cbfloat16,
+    no numba) has the bits of the kernel then round_half, NaN, inf, -0, values halfway between two halves and
+    values past the format's range included; the other outputs are the kernel's."""
+    from cerebras_tf.wse.kernels.half import round_half
+    from cerebras_tf.wse.kernels.norm import fused_batch_norm_grad, rounded_batch_norm_grad
+    shape = (3, 4, 5, 6) if data_format == "NCHW" else (3, 5, 6, 4)
+    channels = shape[1] if data_format == "NCHW" else shape[-1]
+    dy = (rng.standard_normal(shape) * 3).astype(np.float32)
+    flat = dy.reshape(-1)
+    flat[:9] = [np.nan, np.inf, -np.inf, -0.0, 1e6,  # overflow
+                1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, 1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8]  # ties to even: 10 and 7 bits
+    flat[9:40] *= np.float32(2.0 ** -20)  # dx near and below the formats' smallest values
+    x = rng.standard_normal(shape).astype(np.float32)
+    scale = np.ones(channels, np.float32)  # with variance + epsilon 1, inference's dx is dy itself: the ties land
+    inputs = [dy, x, scale, rng.standard_normal(channels).astype(np.float32), np.full(channels, 0.75, np.float32),
+              np.zeros(0, np.float32)]
+    attrs = {"epsilon": 0.25, "is_training": training, "data_format": data_format}
+    with np.errstate(invalid="ignore", over="ignore"):
+        dx, *others = fused_batch_norm_grad(inputs, attrs, None)
+        want = round_half(dx, half_dtype)
+        got, *got_others = rounded_batch_norm_grad(half_dtype)(inputs, attrs, None)
+    _assert_bits_equal(got, want)
+    assert not np.array_equal(want, dx, equal_nan=True)  # the rounding changed values: the check can fail
+    for a, b in zip(got_others, others):
+        _assert_bits_equal(a, b)

@@ -12,13 +12,13 @@ and layouts compose the two kernels.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._registry import KERNELS, KernelContext, KernelFn
-from cerebras_tf.wse.kernels.norm import batch_norm, batch_norm_affine
+from cerebras_tf.wse.kernels.norm import batch_norm, batch_norm_affine, rounded_batch_norm_grad
 from cerebras_tf.wse.kernels.pool import WinningTaps, avg_pool_grad_relu_grad, max_pool_grad_relu_grad
 from cerebras_tf.wse.memory import empty_aligned
 from cerebras_tf.wse.threads import STREAMING_MIN_ELEMENTS_PER_THREAD, split_range
@@ -86,4 +86,11 @@ FUSED: dict[tuple[str, str], Fused] = {
     ("fused_batch_norm", "relu"): Fused(fused_batch_norm_relu),
     ("max_pool_grad", "relu_grad"): Fused(max_pool_grad_relu_grad, tail_reads=(0,)),  # relu_grad(dx, x)
     ("avg_pool_grad", "relu_grad"): Fused(avg_pool_grad_relu_grad, tail_takes=1),  # relu_grad(dx, f)
+}
+
+# Producer kinds whose kernel can round its first output to the half dtype as it writes it, for a to_half after
+# it (fusion.rounding_pairs): kind -> the kernel for a half dtype, the same bits as the producer then
+# round_half. The zoo CNN's float16 batch-norm gradient: its 8 MB dx not read and written again.
+ROUNDED_AS_WRITTEN: dict[str, Callable[[str], KernelFn]] = {
+    "fused_batch_norm_grad": rounded_batch_norm_grad,
 }

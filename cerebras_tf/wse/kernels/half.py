@@ -87,6 +87,38 @@ def _round_bfloat16_in_place(xu: np.ndarray) -> None:  # pragma: no cover - comp
         xu[i] = u if (u & 0x7FFFFFFF) > 0x7F800000 else (((u >> 16) & 1) + u + 0x7FFF) & 0xFFFF0000
 
 
+# How a loop rounds each value it writes (`rounded`): not at all, to IEEE float16, or to bfloat16's 16 bits (every
+# format of 8 exponent bits, as round_half). The other formats keep round_half's pass after the loop.
+NO_ROUNDING, FLOAT16_ROUNDING, BFLOAT16_ROUNDING = 0, 1, 2
+
+
+def rounding_code(dtype: str) -> int:
+    """How a numba loop rounds the values it writes to `dtype` (`rounded`): FLOAT16_ROUNDING or
+    BFLOAT16_ROUNDING where the loops run and round_half rounds the format so; NO_ROUNDING otherwise (float32
+    numerics, no numba, the other formats), where a caller rounds its output after the loop (round_half)."""
+    if dtype == FLOAT32_MODE or not _jit.enabled():
+        return NO_ROUNDING
+    fmt = half_format(dtype)
+    if fmt.name == "float16":
+        return FLOAT16_ROUNDING
+    return BFLOAT16_ROUNDING if fmt.exponent_bits == 8 else NO_ROUNDING
+
+
+@_jit.jit
+def rounded(x: Any, rounding: int) -> Any:  # pragma: no cover - compiled by numba
+    """One float32 value as round_half rounds it (`rounding` from rounding_code): to_float16, or bfloat16's
+    round-to-nearest-even on the top 16 bits with a NaN kept; x itself for NO_ROUNDING. A loop writing its
+    output through this rounds it in the same pass, with round_half's bits."""
+    if rounding == FLOAT16_ROUNDING:
+        return to_float16(x)
+    if rounding == BFLOAT16_ROUNDING:
+        u: Any = np.int64(_jit.f2u(x))
+        if (u & 0x7FFFFFFF) > 0x7F800000:
+            return x
+        return _jit.u2f(np.uint32((((u >> 16) & 1) + u + 0x7FFF) & 0xFFFF0000))
+    return x
+
+
 def rounds_in_place(dtype: str) -> bool:
     """Whether `round_half(x, dtype, out=x)` takes a loop of its own (one array, vectorised) and so costs less
     than a new array: float16 and bfloat16; the other formats' blocked loops run scalar in place."""

@@ -21,8 +21,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from cerebras_tf.wse.kernels import _jit
-from cerebras_tf.wse.kernels._registry import KernelContext, register
+from cerebras_tf.wse.kernels._registry import KernelContext, KernelFn, register
 from cerebras_tf.wse.kernels._split import split_units
+from cerebras_tf.wse.kernels.half import NO_ROUNDING, round_half, rounded, rounding_code
 from cerebras_tf.wse.memory import empty_aligned
 
 _WIDE_ROW = 4096  # elements per row of the side-by-side view (_wide)
@@ -103,21 +104,21 @@ def _normalize_relu(x2: np.ndarray, mean: np.ndarray, factor: np.ndarray, offset
 
 @_jit.jit
 def _grad_dx(dy2: np.ndarray, x2: np.ndarray, mean: np.ndarray, dy_mean: np.ndarray, coef: np.ndarray,
-             factor: np.ndarray, dx: np.ndarray, lo: int, hi: int) -> None:
-    """dx = ((dy2 - dy_mean) - (x2 - mean) * coef) * factor on rows [lo, hi)."""
+             factor: np.ndarray, dx: np.ndarray, rounding: int, lo: int, hi: int) -> None:
+    """dx = ((dy2 - dy_mean) - (x2 - mean) * coef) * factor on rows [lo, hi), each value half.rounded."""
     c = x2.shape[1]
     for r in range(lo, hi):
         for k in range(c):
-            dx[r, k] = ((dy2[r, k] - dy_mean[k]) - (x2[r, k] - mean[k]) * coef[k]) * factor[k]
+            dx[r, k] = rounded(((dy2[r, k] - dy_mean[k]) - (x2[r, k] - mean[k]) * coef[k]) * factor[k], rounding)
 
 
 @_jit.jit
-def _scaled(dy2: np.ndarray, factor: np.ndarray, dx: np.ndarray, lo: int, hi: int) -> None:
-    """dx = dy2 * factor on rows [lo, hi)."""
+def _scaled(dy2: np.ndarray, factor: np.ndarray, dx: np.ndarray, rounding: int, lo: int, hi: int) -> None:
+    """dx = dy2 * factor on rows [lo, hi), each value half.rounded."""
     c = dy2.shape[1]
     for r in range(lo, hi):
         for k in range(c):
-            dx[r, k] = dy2[r, k] * factor[k]
+            dx[r, k] = rounded(dy2[r, k] * factor[k], rounding)
 
 
 def _f32(a: Any) -> np.ndarray:
@@ -253,12 +254,31 @@ def _training_statistics(mean: np.ndarray, var: np.ndarray, bmean: np.ndarray, b
 @register("fused_batch_norm_grad")
 def fused_batch_norm_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
     """(dy, x, scale, saved_mean, saved_var, reserve) -> (dx, dscale, doffset, [0], [0])."""
+    return _batch_norm_grad(inputs, attrs)
+
+
+def rounded_batch_norm_grad(half_dtype: str) -> KernelFn:
+    """fused_batch_norm_grad with dx rounded to `half_dtype` (a to_half after it, fusion.rounding_pairs): as
+    dx is written where the numba loop can round it so (half.rounding_code), else by round_half after. The
+    same bits as the two kernels one after the other."""
+    def kernel(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+        rounding = rounding_code(half_dtype) if inputs[0].dtype == np.float32 else NO_ROUNDING
+        dx, *others = _batch_norm_grad(inputs, attrs, rounding)
+        return [dx if rounding != NO_ROUNDING else round_half(dx, half_dtype), *others]
+    return kernel
+
+
+def _batch_norm_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any],
+                     rounding: int = NO_ROUNDING) -> list[np.ndarray]:
+    """fused_batch_norm_grad's outputs; dx rounded as it is written (half.rounded) by the numba path."""
     dy, x, scale, mean, var = inputs[:5]
     eps = np.float32(attrs.get("epsilon", 1e-4))
     dy2, nc = _layout(dy, attrs)
     x2, _ = _layout(x, attrs)
     if _jit.enabled():
-        return _batch_norm_grad_jit(dy2, x2, dy, nc, scale, mean, var, eps, bool(attrs.get("is_training", True)))
+        return _batch_norm_grad_jit(dy2, x2, dy, nc, scale, mean, var, eps, bool(attrs.get("is_training", True)),
+                                    rounding)
+    assert rounding == NO_ROUNDING, "rounding as written is the numba loops'"
     dyw, k = _wide(dy2)
     xw, _ = _wide(x2)
     inv = 1 / np.sqrt(np.asarray(var, np.float32) + eps)
@@ -280,8 +300,10 @@ def fused_batch_norm_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ct
 
 
 def _batch_norm_grad_jit(dy2: np.ndarray, x2: np.ndarray, dy: np.ndarray, nc: bool, scale: np.ndarray,
-                         mean: np.ndarray, var: np.ndarray, eps: np.float32, training: bool) -> list[np.ndarray]:
-    """fused_batch_norm_grad's numba path: one pass for the two per-channel sums, one for dx."""
+                         mean: np.ndarray, var: np.ndarray, eps: np.float32, training: bool,
+                         rounding: int) -> list[np.ndarray]:
+    """fused_batch_norm_grad's numba path: one pass for the two per-channel sums, one for dx (rounded as
+    written: half.rounded)."""
     dy2, x2 = np.ascontiguousarray(dy2), np.ascontiguousarray(x2)
     rows, c = x2.shape
     inv = 1 / np.sqrt(np.asarray(var, np.float32) + eps)
@@ -299,8 +321,9 @@ def _batch_norm_grad_jit(dy2: np.ndarray, x2: np.ndarray, dy: np.ndarray, nc: bo
         n = np.float32(rows)
         coef1 = _f32((dyxc / n) * (inv * inv))
         dy_mean = _f32(doffset / n)
-        split_units(rows, 2 * c, lambda lo, hi: _grad_dx(dy2, x2, mean32, dy_mean, coef1, factor, dx, lo, hi))
+        split_units(rows, 2 * c, lambda lo, hi: _grad_dx(dy2, x2, mean32, dy_mean, coef1, factor, dx, rounding,
+                                                          lo, hi))
     else:
-        split_units(rows, c, lambda lo, hi: _scaled(dy2, factor, dx, lo, hi))
+        split_units(rows, c, lambda lo, hi: _scaled(dy2, factor, dx, rounding, lo, hi))
     empty = np.zeros((0,), np.float32)
     return [_restore(dx, dy, nc), dscale, doffset, empty, empty]
