@@ -14,6 +14,10 @@ alternating in one process: 30.8 -> 28.2 ms with the callables, then 27.8
 -> 27.0 with its matmuls in sessions too, where they had been eager calls).
 Kernels the executor hands over together (`together`: a convolution's input
 and filter gradients) share one graph, whose executor runs them at once.
+A call's plan (TF's or numpy's, the graph's callable, the operands' layout) is
+made on its first call and kept per attrs object and operand shapes (`_Plans`):
+the executor hands the same attrs every step, so a step's call is the callable
+and a few microseconds of Python (the zoo CNN's step 1-1.6% faster).
 A matmul of at most SMALL_MATMUL_MACS multiply-adds (a classifier's dense
 layer) runs on numpy's OpenBLAS on the calling thread instead, held to one
 thread: there TF's call, whose threads have to wake, costs more than the
@@ -67,16 +71,17 @@ def _floats(inputs: Sequence[np.ndarray]) -> bool:
 
 
 class _CachedGraphs:
-    """TF ops run as cached small graphs: `run(key, build, operands)` feeds the operands to placeholders of
-    their shapes and returns the results of `build(*placeholders)` (a list of tensors), built once per key and
-    shapes. Each has a graph and Session of its own, so one is built while another runs on a second thread (a
-    graph must not change while a Session runs it)."""
+    """TF ops run as cached small graphs: `callable_for(key, build, operands)` is the callable feeding operands
+    of these shapes to placeholders and returning the results of `build(*placeholders)` (a list of tensors),
+    built once per key and shapes. Each has a graph and Session of its own, so one is built while another runs
+    on a second thread (a graph must not change while a Session runs it)."""
 
     def __init__(self) -> None:
         self._calls: dict[Any, tuple[Any, Callable[..., list[np.ndarray]]]] = {}
         self._lock = threading.Lock()
 
-    def run(self, key: Any, build: Callable[..., list[Any]], operands: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def callable_for(self, key: Any, build: Callable[..., list[Any]],
+                     operands: Sequence[np.ndarray]) -> Callable[..., list[np.ndarray]]:
         key = (key, tuple(x.shape for x in operands))
         built = self._calls.get(key)
         if built is None:
@@ -88,7 +93,7 @@ class _CachedGraphs:
             built = (session, _callable(session, results, placeholders))
             with self._lock:
                 built = self._calls.setdefault(key, built)
-        return [np.asarray(y) for y in built[1](*operands)]
+        return built[1]
 
 
 def _callable(session: Any, results: Sequence[Any], placeholders: Sequence[Any]) -> Callable[..., list[np.ndarray]]:
@@ -115,34 +120,27 @@ def _as_is(y: np.ndarray) -> np.ndarray:
     return y
 
 
+def _same(inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    return list(inputs)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Call:
-    """One TF op (a tf.raw_ops function) on numpy operands named as the op names them, and what turns its
-    result into the provider's (NHWC back to NCHW)."""
+    """One TF op (a tf.raw_ops function) on a provider field's inputs: `names` its operands as the op names them,
+    `feed` makes them from the inputs (NCHW transposed to NHWC), `finish` turns its result into the provider's
+    (NHWC back to NCHW)."""
 
     op: Any
-    operands: Mapping[str, np.ndarray]
+    names: tuple[str, ...]
     attrs: Mapping[str, Any]
+    feed: Callable[[Sequence[np.ndarray]], list[np.ndarray]] = _same
     finish: Callable[[np.ndarray], np.ndarray] = _as_is
 
     def key(self) -> tuple:
-        return (self.op.__name__, _freeze(self.attrs), tuple(self.operands))
+        return (self.op.__name__, _freeze(self.attrs), self.names)
 
     def build(self, fed: Sequence[Any]) -> Any:
-        return self.op(**dict(zip(self.operands, fed)), **self.attrs)
-
-
-def _run_calls(calls: Sequence[_Call]) -> list[np.ndarray]:
-    """The calls' results from one graph holding all their ops: TF's executor runs independent ones at once."""
-    operands = [x for call in calls for x in call.operands.values()]
-    bounds = [0]
-    for call in calls:
-        bounds.append(bounds[-1] + len(call.operands))
-
-    def build(*fed: Any) -> list[Any]:
-        return [call.build(fed[bounds[i]:bounds[i + 1]]) for i, call in enumerate(calls)]
-    results = _graphs.run(tuple(call.key() for call in calls), build, operands)
-    return [call.finish(y) for call, y in zip(calls, results)]
+        return self.op(**dict(zip(self.names, fed)), **self.attrs)
 
 
 # A provider field's TF call for its operands and attrs, or None where TF's CPU kernels refuse the call (or
@@ -175,7 +173,7 @@ def _matmul_call(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> _Cal
     columns = b.shape[0] if transpose_b else b.shape[1]
     if rows * depth * columns <= SMALL_MATMUL_MACS:
         return _OnBlas.SMALL
-    return _Call(_R.MatMul, {"a": a, "b": b}, {"transpose_a": transpose_a, "transpose_b": transpose_b})
+    return _Call(_R.MatMul, ("a", "b"), {"transpose_a": transpose_a, "transpose_b": transpose_b})
 
 
 def _batch_matmul_call(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> _Call | None:
@@ -183,8 +181,8 @@ def _batch_matmul_call(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -
     if not _floats(inputs):
         return None
     a, b = inputs
-    return _Call(_R.BatchMatMulV2, {"x": a, "y": b}, {"adj_x": bool(attrs.get("adj_x", False)),
-                                                      "adj_y": bool(attrs.get("adj_y", False))})
+    return _Call(_R.BatchMatMulV2, ("x", "y"), {"adj_x": bool(attrs.get("adj_x", False)),
+                                                "adj_y": bool(attrs.get("adj_y", False))})
 
 
 class _Conv:
@@ -250,9 +248,11 @@ def _conv_call(op: Any, operands: tuple[str, str], sizes: str | None = None, bac
             kw[sizes] = c.sizes(attrs[sizes])
         elif sizes == "filter_sizes":
             kw[sizes] = [int(v) for v in attrs[sizes]]
-        fed = [np.ascontiguousarray(c.to_nhwc(x)) if name in ("input", "out_backprop") else x
-               for name, x in zip(operands, inputs)]
-        return _Call(op, dict(zip(operands, fed)), kw, _as_is if sizes == "filter_sizes" else c.back)
+        data = [name in ("input", "out_backprop") for name in operands]
+
+        def feed(values: Sequence[np.ndarray]) -> list[np.ndarray]:
+            return [np.ascontiguousarray(c.to_nhwc(x)) if d else x for d, x in zip(data, values)]
+        return _Call(op, operands, kw, feed, _as_is if sizes == "filter_sizes" else c.back)
     return call
 
 
@@ -273,23 +273,85 @@ _CALLS: dict[str, _CallFor] = {
 }
 
 
-def _alone(field: str, call: _Call | _OnBlas | None, inputs: Sequence[np.ndarray],
-           attrs: Mapping[str, Any]) -> np.ndarray:
-    """`call` (the TF call of provider field `field`) in a one-op graph, or where TF refuses it (None) the numpy
-    provider's `field`, on one OpenBLAS thread for an _OnBlas call."""
-    if isinstance(call, _Call):
-        return _run_calls([call])[0]
+def _not_in_tf(field: str, call: _OnBlas | None, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
+    """The numpy provider's `field` where TF refuses the call (None), on one OpenBLAS thread for an _OnBlas call."""
     if call is None:
         return getattr(_numpy, field)(inputs, attrs)
     with threads.one_blas_thread():
         return getattr(_numpy, field)(inputs, attrs)
 
 
+_Member = tuple[str, Sequence[np.ndarray], Mapping[str, Any]]  # a provider field, its inputs and attrs
+_Plan = Callable[[Sequence[Sequence[np.ndarray]]], list[np.ndarray]]  # members' inputs -> their results
+
+
+def _plan(members: Sequence[_Member]) -> _Plan:
+    """How the members (provider calls given together, or one) run: TF's calls in one graph, whose executor runs
+    independent ones at once, resolved to its callable here; the rest on numpy; each member alone where TF
+    refuses any of several. The plan takes the members' inputs of another call of the same shapes."""
+    calls = [_CALLS[field](inputs, attrs) for field, inputs, attrs in members]
+    if len(members) > 1 and any(call is None for call in calls):
+        alone = [_plan([member]) for member in members]
+        return lambda inputs: [plan([x])[0] for plan, x in zip(alone, inputs)]
+    in_graph = [(i, call) for i, call in enumerate(calls) if isinstance(call, _Call)]
+    bounds = [0]
+    for _, call in in_graph:
+        bounds.append(bounds[-1] + len(call.names))
+
+    def build(*fed: Any) -> list[Any]:
+        return [call.build(fed[bounds[j]:bounds[j + 1]]) for j, (_, call) in enumerate(in_graph)]
+
+    def operands(inputs: Sequence[Sequence[np.ndarray]]) -> list[np.ndarray]:
+        return [x for i, call in in_graph for x in call.feed(inputs[i])]
+    graph = (_graphs.callable_for(tuple(call.key() for _, call in in_graph), build,
+                                  operands([m[1] for m in members])) if in_graph else None)
+    others = [(i, field, call, attrs) for i, (call, (field, _, attrs)) in enumerate(zip(calls, members))
+              if not isinstance(call, _Call)]
+
+    def run(inputs: Sequence[Sequence[np.ndarray]]) -> list[np.ndarray]:
+        results: list[Any] = [None] * len(inputs)
+        if graph is not None:
+            for (i, call), y in zip(in_graph, graph(*operands(inputs))):
+                results[i] = call.finish(np.asarray(y))
+        for i, field, other, attrs in others:
+            results[i] = _not_in_tf(field, other, inputs[i], attrs)
+        return results
+    return run
+
+
+class _Plans:
+    """Each provider call's plan (`_plan`), made on its first call and reused for calls of the same fields,
+    attrs (the same objects: the executor's kernels hand theirs on every step) and operand shapes and dtypes:
+    the attrs are read, the graph found and the operands' layout decided once, not on every call (in a loop, a
+    conv call's Python 30 -> 5 us, a pair's 75 -> 10 us)."""
+
+    LIMIT = 4096  # plans kept; all are dropped past it (a program has a few dozen)
+
+    def __init__(self) -> None:
+        self._plans: dict[tuple, tuple[tuple[Mapping[str, Any], ...], _Plan]] = {}
+
+    def run(self, members: Sequence[_Member]) -> list[np.ndarray]:
+        key = tuple((field, id(attrs), tuple((x.shape, x.dtype.char) for x in inputs))
+                    for field, inputs, attrs in members)
+        found = self._plans.get(key)
+        if found is None or any(kept is not attrs for kept, (_, _, attrs) in zip(found[0], members)):
+            plan = _plan(members)
+            if len(self._plans) >= self.LIMIT:
+                self._plans.clear()
+            self._plans[key] = (tuple(attrs for _, _, attrs in members), plan)  # kept: their ids are not reused
+        else:
+            plan = found[1]
+        return plan([inputs for _, inputs, _ in members])
+
+
+_plans = _Plans()
+
+
 def _kernel(field: str) -> DenseKernel:
     """The provider function `field`: its TF call in a one-op graph, or the numpy provider's `field` for a call
     TF refuses."""
     def kernel(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
-        return _alone(field, _CALLS[field](inputs, attrs), inputs, attrs)
+        return _plans.run([(field, inputs, attrs)])[0]
     kernel.__name__ = kernel.__qualname__ = field
     return kernel
 
@@ -298,13 +360,7 @@ def together(calls: Sequence[tuple[str, Sequence[np.ndarray], Mapping[str, Any]]
     """Several dense kernels (field, operands, attrs) in one graph, which TF's executor runs side by side (the
     zoo CNN's input and filter gradients of a 3x3 convolution: 4.2 -> 3.7 ms together, the same bits); one by
     one where TF refuses any of them."""
-    tf_calls = [_CALLS[field](inputs, attrs) for field, inputs, attrs in calls]
-    if any(call is None for call in tf_calls):  # the calls already made, not made again
-        return [_alone(field, call, inputs, attrs) for call, (field, inputs, attrs) in zip(tf_calls, calls)]
-    graph_calls = [call for call in tf_calls if isinstance(call, _Call)]
-    in_graph = iter(_run_calls(graph_calls) if graph_calls else [])
-    return [next(in_graph) if isinstance(call, _Call) else _alone(field, call, inputs, attrs)
-            for call, (field, inputs, attrs) in zip(tf_calls, calls)]
+    return _plans.run(calls)
 
 
 TENSORFLOW_HOST_KERNELS = HostKernels(

@@ -269,3 +269,27 @@ def test_tensorflow_batch_matmul_takes_strided_operands_and_ignores_the_layout_i
     expected = TF_KERNELS.batch_matmul([np.ascontiguousarray(q), np.ascontiguousarray(k)], {"adj_y": True})
     np.testing.assert_array_equal(TF_KERNELS.batch_matmul([q, k], {"adj_y": True, "out_perm": (0, 2, 1, 3)}),
                                   expected)
+
+
+def test_a_calls_plan_is_made_once_per_attrs_object_and_shapes_and_follows_new_values(rng, monkeypatch):
+    """The TF provider resolves a call (TF's or numpy's, the graph, the operands' layout) on its first call with
+    given attrs (the object) and operand shapes, then reuses it: new operand values give the results a fresh
+    call gives; other shapes, other attrs with other values, and an attrs dict equal to one seen before each
+    get a plan of their own, so no reuse can take another call's attrs (NCHW, padding, strides)."""
+    made = []
+    plan = host_kernels_tf._plan
+    monkeypatch.setattr(host_kernels_tf, "_plan", lambda members: made.append(members) or plan(members))
+    monkeypatch.setattr(host_kernels_tf, "_plans", host_kernels_tf._Plans())
+    same = {"strides": [1, 1, 1, 1], "padding": "SAME", "data_format": "NCHW"}
+    valid = {"strides": [1, 1, 2, 2], "padding": "VALID", "data_format": "NCHW"}
+    f = _ints(rng, (3, 3, 5, 6))
+    for attrs, shape in ((same, (2, 5, 9, 9)), (same, (2, 5, 9, 9)), (valid, (2, 5, 9, 9)), (same, (3, 5, 7, 7)),
+                         (dict(same), (2, 5, 9, 9))):
+        x = _ints(rng, shape)
+        np.testing.assert_array_equal(TF_KERNELS.conv2d([x, f], attrs), NP_KERNELS.conv2d([x, f], attrs))
+    assert len(made) == 4  # the second call reused the first one's plan
+    a, plain = _ints(rng, (6, 5)), {}
+    for _ in range(2):  # a call TF refuses (integers) and a small matmul on OpenBLAS are planned once too
+        np.testing.assert_array_equal(TF_KERNELS.matmul([a.astype(np.int32), a.T.astype(np.int32)], plain), a @ a.T)
+        np.testing.assert_array_equal(TF_KERNELS.matmul([a, a.T], plain), a @ a.T)
+    assert len(made) == 6
