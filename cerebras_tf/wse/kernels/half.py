@@ -80,11 +80,17 @@ def _round_float16_in_place(x: np.ndarray) -> None:  # pragma: no cover - compil
 
 
 @_jit.jit
+def _bfloat16_bits(u: Any) -> Any:  # pragma: no cover - compiled by numba
+    """The bits of the float32 whose bits are u rounded to bfloat16 (to nearest even on the top 16 bits), from
+    the bits alone; a NaN's as they are (its payload could round to inf or wrap)."""
+    return u if (u & 0x7FFFFFFF) > 0x7F800000 else (((u >> 16) & 1) + u + 0x7FFF) & 0xFFFF0000
+
+
+@_jit.jit
 def _round_bfloat16_in_place(xu: np.ndarray) -> None:  # pragma: no cover - compiled by numba
     """_round_bfloat16 on the bits of x, in place, from the bits alone (one array: vectorised)."""
     for i in range(xu.size):
-        u = xu[i]
-        xu[i] = u if (u & 0x7FFFFFFF) > 0x7F800000 else (((u >> 16) & 1) + u + 0x7FFF) & 0xFFFF0000
+        xu[i] = _bfloat16_bits(xu[i])
 
 
 # How a loop rounds each value it writes (`rounded`): not at all, to IEEE float16, or to bfloat16's 16 bits (every
@@ -112,10 +118,7 @@ def rounded(x: Any, rounding: int) -> Any:  # pragma: no cover - compiled by num
     if rounding == FLOAT16_ROUNDING:
         return to_float16(x)
     if rounding == BFLOAT16_ROUNDING:
-        u: Any = np.int64(_jit.f2u(x))
-        if (u & 0x7FFFFFFF) > 0x7F800000:
-            return x
-        return _jit.u2f(np.uint32((((u >> 16) & 1) + u + 0x7FFF) & 0xFFFF0000))
+        return _jit.u2f(_bfloat16_bits(_jit.f2u(x)))
     return x
 
 
