@@ -14,7 +14,7 @@ from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._registry import KernelContext, register
 from cerebras_tf.wse.kernels._select import keep_where
 from cerebras_tf.wse.kernels.elementwise import SELU_ALPHA, SELU_SCALE
-from cerebras_tf.wse.kernels.reduce import outer_sum
+from cerebras_tf.wse.kernels.reduce import sum_over
 from cerebras_tf.wse.threads import STREAMING_MIN_ELEMENTS_PER_THREAD, map_elementwise
 
 
@@ -109,6 +109,4 @@ def bias_add_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Kerne
     them: numpy sums a single column pairwise), numba adds the rows in numpy's order: the same bits."""
     g = inputs[0]
     ch = 1 if str(attrs.get("data_format", "NHWC")).startswith("NC") and g.ndim >= 3 else g.ndim - 1
-    axes = tuple(a for a in range(g.ndim) if a != ch)
-    fast = outer_sum(np.ascontiguousarray(g), axes) if ch == g.ndim - 1 else None
-    return [fast if fast is not None else g.sum(axis=axes, dtype=g.dtype)]
+    return [sum_over(np.ascontiguousarray(g) if ch == g.ndim - 1 else g, tuple(a for a in range(g.ndim) if a != ch))]

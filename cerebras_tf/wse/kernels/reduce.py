@@ -45,7 +45,8 @@ def outer_sum(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray | None:
     return out
 
 
-def _sum(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+def sum_over(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """x.sum(axis=axes, dtype=x.dtype), the sum kernel's bits: by outer_sum where it applies."""
     fast = outer_sum(x, axes)
     return fast if fast is not None else x.sum(axis=axes, dtype=x.dtype)
 
@@ -66,10 +67,10 @@ def _mean(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
         n = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
         s = x.sum(axis=axes, dtype=x.dtype)
         return (np.sign(s) * (np.abs(s) // n)).astype(x.dtype)
-    return _sum(x, axes) / x.dtype.type(int(np.prod([x.shape[a] for a in axes])) or 1)
+    return sum_over(x, axes) / x.dtype.type(int(np.prod([x.shape[a] for a in axes])) or 1)
 
 
-register("sum")(_make(_sum))
+register("sum")(_make(sum_over))
 register("mean")(_make(_mean))
 register("max")(_make(lambda x, a: x.max(axis=a) if x.size else np.full(
     [d for i, d in enumerate(x.shape) if i not in a], -np.inf, x.dtype)))
