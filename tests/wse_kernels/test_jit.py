@@ -7,6 +7,8 @@ subnormals, values beyond the half format's range.
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -162,3 +164,49 @@ def test_with_the_loops_off_rounding_runs_the_reference_alone(monkeypatch):
     with _jit.use_jit(False):
         for dtype in ("float16", "bfloat16"):
             _same_bits(round_half(x, dtype), round_to_half(x, dtype))
+
+
+_CACHED_LOOP = '''
+from cerebras_tf.wse.kernels import _jit
+
+
+@_jit.jit
+def plus_one(x):
+    return x + 1.0
+'''
+
+
+@pytest.mark.skipif(not _jit.enabled(), reason="numba is not installed")
+def test_a_loops_disk_cache_entry_holds_only_under_the_kernels_sources_it_was_compiled_with(tmp_path, monkeypatch):
+    """numba keys a cached loop on its own file; a callee from another module of the package is compiled into
+    it, so the key also carries the package's stamp: another stamp misses the entry and compiles again."""
+    import importlib.util
+    source = tmp_path / "cached_loop.py"
+    source.write_text(_CACHED_LOOP)
+    spec = importlib.util.spec_from_file_location("cached_loop", source)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "cached_loop", module)
+    spec.loader.exec_module(module)
+
+    def compiled_anew(stamp: str) -> bool:
+        monkeypatch.setattr(_jit, "SOURCES_STAMP", stamp)
+        loop = _jit.jit(module.plus_one.py_func)  # a fresh dispatcher: only the disk cache can spare a compile
+        assert loop(1.0) == 2.0
+        return sum(loop.stats.cache_misses.values()) > 0 and sum(loop.stats.cache_hits.values()) == 0
+
+    assert compiled_anew("first")
+    assert not compiled_anew("first")
+    assert compiled_anew("second")
+    assert not compiled_anew("first")  # each stamp keeps its entry
+    assert any(name.endswith(".nbi") for name in os.listdir(tmp_path / "__pycache__"))
+
+
+def test_the_kernels_sources_stamp_changes_with_any_module_of_the_package(tmp_path):
+    import shutil
+    package = tmp_path / "kernels"
+    shutil.copytree(os.path.dirname(_jit.__file__), package, ignore=shutil.ignore_patterns("__pycache__"))
+    assert _jit.sources_stamp(str(package)) == _jit.SOURCES_STAMP
+    half = package / "half.py"
+    half.write_text(half.read_text() + "\n")
+    assert _jit.sources_stamp(str(package)) != _jit.SOURCES_STAMP

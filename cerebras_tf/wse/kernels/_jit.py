@@ -16,6 +16,7 @@ float32's bits in a loop (and wse/chains' generated ones).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 from typing import Any, Callable, Iterator, TypeVar, cast
 
@@ -57,12 +58,31 @@ def use_jit(on: bool) -> Iterator[None]:
         _enabled = before
 
 
+def sources_stamp(package: str) -> str:
+    """A hash of every module in the directory `package` (for this package's: what a loop here can compile
+    into itself, a jitted callee of another module or an intrinsic)."""
+    stamp = hashlib.sha256()
+    for name in sorted(os.listdir(package)):
+        if name.endswith(".py"):
+            with open(os.path.join(package, name), "rb") as source:
+                stamp.update(name.encode() + b"\0" + source.read())
+    return stamp.hexdigest()
+
+
+# numba's disk cache keys a loop on its own module's source only, and compiles the jitted functions it calls
+# from other modules into it: a change to half.rounded alone would leave norm's loops that inline it as they
+# were. Each loop's cache key also carries this stamp, so any change to the package recompiles them all.
+SOURCES_STAMP = sources_stamp(os.path.dirname(os.path.abspath(__file__)))
+
+
 def jit(fn: F) -> F:
-    """`fn` compiled by numba (nopython, GIL released, cached on disk, no fast-math) on its first call;
-    `fn` itself when numba is missing (then `enabled()` is False and no kernel calls it)."""
+    """`fn` compiled by numba (nopython, GIL released, no fast-math) on its first call, cached on disk under
+    SOURCES_STAMP; `fn` itself when numba is missing (then `enabled()` is False and no kernel calls it)."""
     if _numba is None:  # pragma: no cover
         return fn
-    return cast(F, _numba.njit(cache=True, nogil=True, fastmath=False, error_model="numpy")(fn))
+    dispatcher = _numba.njit(cache=False, nogil=True, fastmath=False, error_model="numpy")(fn)
+    dispatcher._cache = _StampedCache(fn)  # numba's enable_caching(), with the stamped cache
+    return cast(F, dispatcher)
 
 
 # ---- bit casts (numba intrinsics: a bitcast, no memory round trip), for the loops here and wse/chains' --------
@@ -79,6 +99,7 @@ f2u: Callable[..., Any] = _f2u_py
 u2f: Callable[..., Any] = _u2f_py
 if _numba is not None:  # pragma: no branch
     from llvmlite import ir as _llvm
+    from numba.core.caching import FunctionCache as _FunctionCache
     from numba.core import types as _types
     from numba.extending import intrinsic as _intrinsic
 
@@ -106,3 +127,9 @@ if _numba is not None:  # pragma: no branch
                 value = builder.zext(value, _llvm.IntType(32))
             return builder.bitcast(value, _llvm.FloatType())
         return _types.float32(u), codegen
+
+    class _StampedCache(_FunctionCache):
+        """numba's disk cache of one function, each entry's key also carrying SOURCES_STAMP."""
+
+        def _index_key(self, sig: Any, codegen: Any) -> Any:
+            return (*super()._index_key(sig, codegen), SOURCES_STAMP)
