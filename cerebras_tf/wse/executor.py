@@ -64,13 +64,14 @@ from cerebras_tf.wse import chains as _chains
 from cerebras_tf.wse import dataflow, denormals, memory, threads
 from cerebras_tf.wse.fusion import (WITH_KNOWN_MAXIMA, BatchNormReluPool, BiasReluPool, batch_norm_relu_pools,
                                     bias_relu_pools, dense_groups, fused_pairs, known_maxima, lazy_transposes,
-                                    rounding_pairs, taken_by_tail, transposed_outputs, winning_taps)
+                                    rounding_pairs, roundings_beside_sums, taken_by_tail, transposed_outputs,
+                                    winning_taps)
 from cerebras_tf.wse.kernels import (DENSE_KINDS, KERNELS, NUMPY_HOST_KERNELS, HostKernels, KernelContext,
                                     KernelInputError, np_dtype)
 from cerebras_tf.wse.kernels._registry import KernelFn
 from cerebras_tf.wse.kernels.data import transpose_view
-from cerebras_tf.wse.kernels.fused import FUSED, ROUNDED_AS_WRITTEN, batch_norm_relu_max_pool
-from cerebras_tf.wse.kernels.half import round_half, round_half_in_layout, rounds_in_place
+from cerebras_tf.wse.kernels.fused import FUSED, ROUNDED_AS_WRITTEN, ROUNDED_BESIDE, batch_norm_relu_max_pool
+from cerebras_tf.wse.kernels.half import NO_ROUNDING, round_half, round_half_in_layout, rounding_code, rounds_in_place
 from cerebras_tf.wse.kernels.linalg import provided_together
 from cerebras_tf.wse.kernels.pool import avg_pool_grad_of_bias_relu, avg_pool_of_bias_relu
 from cerebras_tf.wse.kernels.unscale import unscale_gradients
@@ -112,8 +113,9 @@ class _Planned:
     writes: bool  # writes variables (skipped on a non-finite step with a GradScaler)
     tail: ir.Kernel | None = None  # fused into this one (wse/fusion.py): its output replaces kernel's first
     chain: _chains.Chain | None = None  # the chain this stands for
-    beside: ir.Kernel | None = None  # computed in the same provider call (fusion.dense_groups); fn takes and
-    # returns both kernels' inputs and outputs, the kernel's first
+    beside: ir.Kernel | None = None  # computed in the same call (fusion.dense_groups: of the provider;
+    # roundings_beside_sums: of a ROUNDED_BESIDE kernel); fn takes and returns both kernels' inputs and outputs,
+    # the kernel's first
     absorbed: list[ir.Kernel] = dataclasses.field(default_factory=list)  # assigns the chain writes for
     taken: list[int] = dataclasses.field(default_factory=list)  # the tail's inputs fn takes after the kernel's
 
@@ -438,6 +440,9 @@ class Executor:
             tails.update(tail.id for tail in rounded.values())
         groups = (dense_groups(kernels, exclude={*pairs, *tails, *chain_of})
                   if self.host_kernels.together is not None else {})
+        if rounding_code(self.half_dtype) != NO_ROUNDING:  # float16, bfloat16, with numba
+            groups.update(roundings_beside_sums(kernels, exclude={*pairs, *tails, *chain_of, *groups,
+                                                                  *(k.id for k in groups.values())}))
         by_id = {k.id: k for k in kernels}
         first_of = {second.id: by_id[first] for first, second in groups.items()}
         position = {k.id: i for i, k in enumerate(kernels)}
@@ -466,6 +471,8 @@ class Executor:
                                    role=kernel.role, layer=kernel.layer, vars=written,
                                    tf_name=" + ".join(m.tf_name or m.kind
                                                       for m in (*chain.kernels, *assigns.values())))
+            elif beside is not None and beside.kind == "to_half":
+                fn = ROUNDED_BESIDE[kernel.kind](self.half_dtype)
             elif beside is not None:
                 fn = self._together(kernel, beside)
             elif kernel.id in normalized_of:  # the batch norm with its max pool; the pool's gradient

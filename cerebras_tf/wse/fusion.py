@@ -12,6 +12,8 @@ rounds that output in place, right after the kernel, where it is still in cache:
 fewer over memory (the executor checks each time that the output is a new float32 array of the kernel's own).
 Two adjacent independent dense kernels (`dense_groups`: a convolution's input and filter gradients) run in one
 call of a provider that takes kernels together (HostKernels.together: TensorFlow's executor runs them at once).
+A to_half right after a bias_add_grad of the same tensor (`roundings_beside_sums`: a conv block's gradient,
+summed for its bias and rounded for its convolution's gradients) runs with it in one pass over that tensor.
 A max_pool_grad whose orig_output is the max_pool of its orig_input (`known_maxima`, as in every gradient TF
 builds) reads the window maxima from it instead of taking them again (`WITH_KNOWN_MAXIMA`); where their windows
 do not overlap, the pool keeps each window's winning tap for that gradient (`winning_taps`: kernels/pool.py's
@@ -38,7 +40,7 @@ from typing import Collection, Iterable, Iterator, Mapping, Sequence
 from cerebras_tf import ir
 from cerebras_tf.wse.kernels import DENSE_KINDS, np_dtype
 from cerebras_tf.wse.kernels._registry import KernelFn
-from cerebras_tf.wse.kernels.fused import FUSED
+from cerebras_tf.wse.kernels.fused import FUSED, ROUNDED_BESIDE
 from cerebras_tf.wse.kernels.pool import (WinningTaps, keeps_winning_taps, max_pool_grad_of_output,
                                           max_pool_grad_of_output_relu_grad)
 
@@ -121,6 +123,19 @@ def dense_groups(kernels: Sequence[ir.Kernel], exclude: Collection[int] = ()) ->
             previous = None
         else:
             previous = kernel if groupable else None
+    return groups
+
+
+def roundings_beside_sums(kernels: Sequence[ir.Kernel], exclude: Collection[int] = ()) -> dict[int, ir.Kernel]:
+    """Kernel id -> the to_half right after it in `kernels` (one phase, in order) that rounds its first input,
+    for a kind in ROUNDED_BESIDE (a bias_add_grad): the two run as one unit at the to_half's place, in one pass
+    over that input. Neither guarded, writing a variable or in `exclude`."""
+    groups: dict[int, ir.Kernel] = {}
+    for kernel, after in zip(kernels, kernels[1:]):
+        if (kernel.kind in ROUNDED_BESIDE and after.kind == "to_half" and kernel.inputs
+                and after.inputs == kernel.inputs[:1] and not {kernel.id, after.id} & set(exclude)
+                and all(k.guard is None and k.check_guard is None and not k.vars for k in (kernel, after))):
+            groups[kernel.id] = after
     return groups
 
 

@@ -186,7 +186,8 @@ def test_fused_relus_give_the_results_of_the_kernels_one_at_a_time(tmp_path, mon
     -> relu runs folded into the average pool and its gradient (bias_relu_pools), its max pool in the batch
     norm's unit where it keeps its winning taps (batch_norm_relu_pools), the half rounding after its
     avg_pool rounds its output in place and the one after fused_batch_norm_grad as the kernel writes dx
-    (fused.ROUNDED_AS_WRITTEN; in place after it in the second run) (wse/fusion.py), and the max_pool_grad
+    (fused.ROUNDED_AS_WRITTEN; in place after it in the second run), the one of its conv block's gradient beside
+    that gradient's bias_add_grad (fused.ROUNDED_BESIDE) (wse/fusion.py), and the max_pool_grad
     routes its gradients by the winning taps its max pool kept
     (winning_taps), or reads its window maxima from the pool's output (known_maxima); the losses and weights
     after a few float16 steps are those of the unfused kernels, bit for bit."""
@@ -207,7 +208,10 @@ def test_fused_relus_give_the_results_of_the_kernels_one_at_a_time(tmp_path, mon
             monkeypatch.setattr(executor_module, "fused_pairs", lambda *args, **kw: {})
             monkeypatch.setattr(executor_module, "rounding_pairs", lambda *args, **kw: {})
             monkeypatch.setattr(executor_module, "known_maxima", lambda *args, **kw: set())
+            monkeypatch.setattr(executor_module, "roundings_beside_sums", lambda *args, **kw: {})
         executor = Executor(program, start, grad_scaler=GradScaler(loss_scale="dynamic"))
+        beside = [(p.kernel.kind, p.beside.kind) for plan in executor._plans for p in plan if p.beside]
+        assert beside == ([("bias_add_grad", "to_half")] if fuse != "none" else [])
         pool_grads = [p.fn for plan in executor._plans for p in plan if p.kernel.kind == "max_pool_grad"]
         norm_grads = [p.fn.__qualname__ for plan in executor._plans for p in plan
                       if p.kernel.kind == "fused_batch_norm_grad"]
@@ -250,8 +254,9 @@ def test_dense_kernels_run_together_give_the_results_of_one_by_one(tmp_path, hal
     for provider in (TENSORFLOW_HOST_KERNELS, dataclasses.replace(TENSORFLOW_HOST_KERNELS, together=None)):
         executor = Executor(program, start, half_dtype=half_dtype, host_kernels=provider)
         grouped = sorted((p.kernel.kind, p.beside.kind) for plan in executor._plans for p in plan if p.beside)
-        assert grouped == ([("conv2d_backprop_input", "conv2d_backprop_filter")] * 2 + [("matmul", "matmul")]
-                           if provider.together else [])
+        rounded_beside = [("bias_add_grad", "to_half")] if half_dtype != "float32" else []  # not the provider's
+        assert grouped == sorted([("conv2d_backprop_input", "conv2d_backprop_filter")] * 2 + [("matmul", "matmul")]
+                                 + rounded_beside if provider.together else rounded_beside)
         losses = [executor.step(features, labels).loss for features, labels in batches]
         runs.append((losses, executor.variables()))
     assert runs[0][0] == runs[1][0]

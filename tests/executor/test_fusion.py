@@ -167,6 +167,23 @@ def test_adjacent_independent_dense_kernels_are_grouped_for_one_provider_call():
     assert groups([_kernel(0, "relu", [1], [3]), _kernel(1, "matmul", [1, 2], [4])]) == {}
 
 
+def test_a_half_rounding_right_after_a_bias_gradient_of_the_same_tensor_runs_beside_it():
+    from cerebras_tf.wse.fusion import roundings_beside_sums
+
+    def groups(kernels: list[ir.Kernel], exclude=()) -> dict[int, int]:
+        return {first: second.id for first, second in roundings_beside_sums(kernels, exclude).items()}
+    sum_then_round = [_kernel(0, "bias_add_grad", [1], [2]), _kernel(1, "to_half", [1], [3])]
+    assert groups(sum_then_round) == {0: 1}
+    assert groups([_kernel(0, "relu", [9], [1]), *sum_then_round, _kernel(2, "neg", [1], [4])]) == {0: 1}
+    assert groups(sum_then_round, exclude={1}) == {}
+    assert groups(sum_then_round[::-1]) == {}  # the rounding first: it is not beside a sum that follows
+    assert groups([_kernel(0, "bias_add_grad", [1], [2]), _kernel(1, "to_half", [2], [3])]) == {}  # of the sum
+    apart = [sum_then_round[0], _kernel(2, "neg", [1], [4]), _kernel(1, "to_half", [1], [3])]
+    assert groups(apart) == {}  # run at the to_half's place: nothing may lie between
+    assert groups([_kernel(0, "sum", [1], [2]), _kernel(1, "to_half", [1], [3])]) == {}  # no such kernel
+    assert groups([sum_then_round[0], _kernel(1, "to_half", [1], [3], guard=9)]) == {}
+
+
 def test_a_max_pool_grad_knows_its_maxima_when_orig_output_is_the_max_pool_of_orig_input():
     from cerebras_tf.wse.fusion import known_maxima
     attrs = {"ksize": [1, 2, 2, 1], "strides": [1, 2, 2, 1], "padding": "VALID", "data_format": "NHWC"}

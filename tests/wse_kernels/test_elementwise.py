@@ -210,6 +210,34 @@ def test_bias_add_grad_loop_gives_numpys_sums_bit_for_bit(shape, dtype, rng):
     np.testing.assert_array_equal(ours, reference)
 
 
+@pytest.mark.parametrize("half_dtype", ["float16", "bfloat16", "cbfloat16"])
+@pytest.mark.parametrize("fmt,shape", [("NHWC", (3, 5, 6, 4)), ("NCHW", (3, 4, 5, 6)), ("NHWC", (40, 7)),
+                                       ("NHWC", (9, 1))])
+def test_bias_add_grad_beside_a_rounding_of_its_input_is_the_two_kernels_bit_for_bit(half_dtype, fmt, shape, rng,
+                                                                                     jit):
+    """elementwise_grad.bias_add_grad_and_rounding (a to_half beside bias_add_grad, fused.ROUNDED_BESIDE): the
+    bias gradient and the input rounded in one pass (numba, channels last, float16 and bfloat16) or by the two
+    kernels have the bits of bias_add_grad and round_half, NaN, inf, -0, values past the format's range, values
+    below its smallest and exact ties of both formats included."""
+    from cerebras_tf.wse.kernels.elementwise_grad import bias_add_grad_and_rounding
+    from cerebras_tf.wse.kernels.half import round_half
+    g = (rng.standard_normal(shape) * 3).astype(F)
+    flat = g.reshape(-1)
+    flat[:9] = [np.nan, np.inf, -np.inf, -0.0, 1e6,  # overflow
+                1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, 1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8]  # ties to even: 10 and 7 bits
+    flat[9:30] *= F(2.0 ** -20)  # near and below the formats' smallest values
+    flat[-1] = -0.0
+    attrs = {"data_format": fmt}
+    with np.errstate(invalid="ignore", over="ignore"):
+        want_sums = run("bias_add_grad", [g], attrs)[0]
+        want = round_half(g, half_dtype)
+        got_sums, got = bias_add_grad_and_rounding(half_dtype)([g, g], attrs, None)
+    assert not np.array_equal(want, g, equal_nan=True)  # the rounding changed values: the check can fail
+    for a, b in ((got_sums, want_sums), (got, want)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
 @pytest.mark.parametrize("exponent", [0.5, 2.0, 3.0, -0.5, -1.0, 1.7])
 def test_pow_with_a_scalar_exponent(exponent, rng):
     """The rewritten forms (x**3 as Square(x) * x, ...) agree with TF's Pow within an ulp or two (TF's own CPU

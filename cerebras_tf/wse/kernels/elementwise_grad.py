@@ -11,10 +11,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from cerebras_tf.wse.kernels import _jit
-from cerebras_tf.wse.kernels._registry import KernelContext, register
+from cerebras_tf.wse.kernels._registry import KernelContext, KernelFn, register
 from cerebras_tf.wse.kernels._select import keep_where
 from cerebras_tf.wse.kernels.elementwise import SELU_ALPHA, SELU_SCALE
-from cerebras_tf.wse.kernels.reduce import sum_over
+from cerebras_tf.wse.kernels.half import round_half_in_layout, rounding_code
+from cerebras_tf.wse.kernels.reduce import outer_sum_rounding, sum_over
 from cerebras_tf.wse.threads import STREAMING_MIN_ELEMENTS_PER_THREAD, map_elementwise
 
 
@@ -108,5 +109,26 @@ def bias_add_grad(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: Kerne
     """Sum of the gradient over every axis but the channel axis. Channels last (and at least two of
     them: numpy sums a single column pairwise), numba adds the rows in numpy's order: the same bits."""
     g = inputs[0]
-    ch = 1 if str(attrs.get("data_format", "NHWC")).startswith("NC") and g.ndim >= 3 else g.ndim - 1
+    ch = _channel_axis(g, attrs)
     return [sum_over(np.ascontiguousarray(g) if ch == g.ndim - 1 else g, tuple(a for a in range(g.ndim) if a != ch))]
+
+
+def _channel_axis(g: np.ndarray, attrs: Mapping[str, Any]) -> int:
+    return 1 if str(attrs.get("data_format", "NHWC")).startswith("NC") and g.ndim >= 3 else g.ndim - 1
+
+
+def bias_add_grad_and_rounding(half_dtype: str) -> KernelFn:
+    """bias_add_grad beside a to_half of its own input (fusion.roundings_beside_sums), for a half dtype: on
+    inputs (g, g), [the bias gradient, g rounded to half_dtype]. One pass over g where numba adds its rows
+    (channels last) and rounds it (half.rounding_code: float16, bfloat16), else the two kernels; the same bits
+    either way (the zoo CNN's float16 conv block: its 4 MB gradient read once, not twice)."""
+    rounding = rounding_code(half_dtype)
+
+    def kernel(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
+        g = inputs[0]
+        if _channel_axis(g, attrs) == g.ndim - 1:
+            both = outer_sum_rounding(g, tuple(range(g.ndim - 1)), rounding)
+            if both is not None:
+                return list(both)
+        return [*bias_add_grad(inputs[:1], attrs, ctx), round_half_in_layout(inputs[1], half_dtype)]
+    return kernel

@@ -18,6 +18,7 @@ import numpy as np
 
 from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._registry import KERNELS, KernelContext, KernelFn
+from cerebras_tf.wse.kernels.elementwise_grad import bias_add_grad_and_rounding
 from cerebras_tf.wse.kernels.norm import batch_norm, batch_norm_affine, rounded_batch_norm_grad
 from cerebras_tf.wse.kernels.pool import WinningTaps, avg_pool_grad_relu_grad, max_pool_grad_relu_grad
 from cerebras_tf.wse.memory import empty_aligned
@@ -93,4 +94,11 @@ FUSED: dict[tuple[str, str], Fused] = {
 # round_half. The zoo CNN's float16 batch-norm gradient: its 8 MB dx not read and written again.
 ROUNDED_AS_WRITTEN: dict[str, Callable[[str], KernelFn]] = {
     "fused_batch_norm_grad": rounded_batch_norm_grad,
+}
+
+# Kinds whose kernel can also round its first input to the half dtype in the pass that reads it, for a to_half of
+# that input beside it (fusion.roundings_beside_sums): kind -> the kernel for a half dtype, on (the kernel's
+# inputs, the input again) -> (its outputs, the input rounded), the same bits as the kernel and round_half.
+ROUNDED_BESIDE: dict[str, Callable[[str], KernelFn]] = {
+    "bias_add_grad": bias_add_grad_and_rounding,
 }
