@@ -266,7 +266,7 @@ class Executor:
         self._scale: float | None = None
         # OpenBLAS sums some products (the MLP's 256x784x500) in another order on two threads than on one, so
         # how many it uses is fixed per program, never by timing: one (the executor splits big products
-        # itself, into blocks fixed by their shapes: host_numpy.SPLIT_BLOCKS) unless dense kernels dominate the
+        # itself, into blocks fixed by their shapes: host_numpy._blocks) unless dense kernels dominate the
         # step, where side by side has little to win
         self._hold_blas = not dense_bound(program)
         # A provider whose library keeps its own threads on every core after each call (TF's pool): one kernel at

@@ -225,7 +225,7 @@ def test_a_matmuls_fixed_blocks_give_the_same_bits_however_the_threads_run_them(
     lhs = a.T if attrs.get("transpose_a") else a
     rows = m >= n
     bounds = host_numpy._blocks(m if rows else n, (n if rows else m) * k)
-    assert len(bounds) - 1 == host_numpy.SPLIT_BLOCKS
+    assert len(bounds) - 1 == 2  # below 2 * BLOCK_PRODUCTS
     blocks: list[int] = []
     share = dataflow._Run._share
 
@@ -250,6 +250,19 @@ def test_a_matmuls_fixed_blocks_give_the_same_bits_however_the_threads_run_them(
             np.testing.assert_array_equal(host_numpy.matmul([a, b], attrs), expected)  # here, one after another
         finally:
             threads.kernels_beside(0)
+
+
+def test_a_big_matmul_is_cut_into_blocks_of_about_block_products_by_its_shape_alone():
+    """host_numpy._blocks: two blocks up to 2 * BLOCK_PRODUCTS multiply-adds, then one more per BLOCK_PRODUCTS up
+    to MAX_SPLIT_BLOCKS, never more than the rows (or columns) cut; contiguous bounds covering them all."""
+    from cerebras_tf.wse.kernels import host_numpy
+
+    block, most = host_numpy.BLOCK_PRODUCTS, host_numpy.MAX_SPLIT_BLOCKS
+    for size, per_unit, count in ((1024, 256 * 1024, 2), (160, 256 * 256, 2), (4096, block // 4096 * 5, 5),
+                                  (8192, block, most), (3, block, 3), (1000, host_numpy.MIN_SPLIT_PRODUCTS // 1000, 2)):
+        bounds = host_numpy._blocks(size, per_unit)
+        assert len(bounds) - 1 == count, (size, per_unit)
+        assert bounds[0] == 0 and bounds[-1] == size and all(lo < hi for lo, hi in zip(bounds, bounds[1:]))
 
 
 def test_the_thread_counts_come_from_the_environment(monkeypatch):

@@ -20,11 +20,16 @@ from cerebras_tf.wse.kernels.conv_geometry import Geom, col2im, from_nhwc, im2co
 
 # Products below this many multiply-adds run whole: splitting them costs more than it saves.
 MIN_SPLIT_PRODUCTS = 1 << 22
-# A bigger product (OpenBLAS held to one thread) is cut into at most this many blocks of rows or columns, the same
-# on any machine and however the threads run them (threads.split_blocks): with some of OpenBLAS's kernels a block
-# sums in another order than the whole product (Haswell's on an AVX-512 CPU), so the cut is part of the bits. Four:
-# what the executor's two threads shared on this project's 2-core VM (threads.SHARED_BLOCKS_PER_THREAD per core).
-SPLIT_BLOCKS = 4
+# A bigger product (OpenBLAS held to one thread) is cut into blocks of rows or columns of about BLOCK_PRODUCTS
+# multiply-adds each, at least two and at most MAX_SPLIT_BLOCKS, the same on any machine and however the threads
+# run them (threads.split_blocks): with some of OpenBLAS's kernels a block sums in another order than the whole
+# product (Haswell's on an AVX-512 CPU), so the cut is part of the bits. A block of 2^27 (one to two ms of one
+# core's sgemm here): the zoo transformer's products (10M-330M multiply-adds) in two blocks, not the four of
+# 2^24-2^26 each they were cut into before, take 2-3% less of its step on this project's 2-core VM (each block
+# packs its operand again and is one more hand-off between the executor's threads); a product of 2^30 and more
+# still spreads over 8-16 cores.
+BLOCK_PRODUCTS = 1 << 27
+MAX_SPLIT_BLOCKS = 16
 
 
 def matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
@@ -49,9 +54,10 @@ def matmul(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray
 
 
 def _blocks(size: int, products_per_unit: int) -> list[int]:
-    """The bounds of `size` rows (or columns) of `products_per_unit` multiply-adds each cut into SPLIT_BLOCKS
-    blocks, fewer where a block would hold less than half of MIN_SPLIT_PRODUCTS: fixed by the shape alone."""
-    blocks = max(1, min(SPLIT_BLOCKS, size // max(1, MIN_SPLIT_PRODUCTS // (2 * products_per_unit))))
+    """The bounds of `size` rows (or columns) of `products_per_unit` multiply-adds each (a product of at least
+    MIN_SPLIT_PRODUCTS) cut into blocks of about BLOCK_PRODUCTS, at least two, at most MAX_SPLIT_BLOCKS (and
+    `size`): fixed by the shape alone."""
+    blocks = max(1, min(MAX_SPLIT_BLOCKS, size, max(2, size * products_per_unit // BLOCK_PRODUCTS)))
     return [size * i // blocks for i in range(blocks + 1)]
 
 
