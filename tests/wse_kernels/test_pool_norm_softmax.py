@@ -381,6 +381,37 @@ def test_l2_loss_keeps_no_reference_to_its_input():
         gc.enable()
 
 
+@pytest.mark.parametrize("shape", [(64, 10), (7, 33), (3, 1), (160, 8000), (300, 1000)])
+def test_sparse_xent_loops_give_the_numpy_codes_bits(shape, rng):
+    """softmax._sparse_xent_loops (float32 rows up to 8192 long: blocks of rows, split across threads when big)
+    gives the loss and gradient of the numpy code bit for bit: padding rows (-1, and out-of-range labels
+    where the kernel does not check them), infinities, rows of ties; a row with a NaN is all NaN either way."""
+    from cerebras_tf.wse.kernels import _jit
+    rows, n = shape
+    x = (rng.normal(size=shape) * 6).astype(F)
+    x[0, :] = 2.5  # ties
+    x[1 % rows, 0] = np.inf
+    x[2 % rows, -1] = -np.inf
+    labels = rng.integers(0, n, size=rows).astype(np.int32)
+    labels[rng.random(rows) < 0.2] = -1
+    unchecked = labels.copy()
+    unchecked[rng.random(rows) < 0.1] = n + 3
+    if rows > 4:
+        x[4, n // 2] = np.nan
+    for ys, checked in ((labels, True), (unchecked, False)):
+        with _jit.use_jit(True):
+            ours = run("sparse_softmax_cross_entropy", [x, ys], check=checked)
+        with _jit.use_jit(False):
+            reference = run("sparse_softmax_cross_entropy", [x, ys], check=checked)
+        for a, b in zip(ours, reference):
+            assert a.dtype == b.dtype == F and a.shape == b.shape
+            np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
+            both = ~np.isnan(a)
+            np.testing.assert_array_equal(a[both].view(np.uint32), b[both].view(np.uint32))
+        if rows > 4:
+            assert np.isnan(ours[1][4]).all() == (ys[4] != -1 and ys[4] < n)
+
+
 @pytest.mark.parametrize("labels", [[0, 4, 1], [0, -3, 5], [-2, 3, -1]])
 def test_sparse_xent_out_of_range_label_raises_what_tfs_cpu_kernel_raises(rng, labels):
     x = rng.normal(size=(3, 4)).astype(F)

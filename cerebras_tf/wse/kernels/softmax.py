@@ -196,6 +196,53 @@ def _log_softmax_rows(x2: np.ndarray) -> np.ndarray:
     return out
 
 
+@_jit.jit
+def _sparse_xent_rows(s: np.ndarray, e: np.ndarray, n: int, sums: np.ndarray, logs: np.ndarray, index: np.ndarray,
+                      padding: np.ndarray, loss: np.ndarray) -> None:  # pragma: no cover - compiled by numba
+    """Per row r of n elements of flat s (x - max) and e (exp(s), turned into the gradient in place):
+    loss[r] = logs[r] - s[r, index[r]] and e[r] / sums[r] with 1 off at index[r]; a padding row all 0."""
+    zero = s.dtype.type(0)
+    for r in range(loss.size):
+        row = e[r * n:(r + 1) * n]
+        if padding[r]:
+            loss[r] = zero
+            for k in range(n):
+                row[k] = zero
+            continue
+        i = index[r]
+        loss[r] = logs[r] - s[r * n + i]
+        total = sums[r]
+        for k in range(n):
+            row[k] = row[k] / total
+        row[i] = row[i] - s.dtype.type(1)
+
+
+def _sparse_xent_loops(x2: np.ndarray, index: np.ndarray, padding: np.ndarray) -> list[np.ndarray]:
+    """sparse_softmax_cross_entropy's (loss, backprop) of float32 logits x2 [rows, n] as its numpy code computes
+    them (the same bits): per block of rows, max and shift (numba), numpy's exp and log, the sums in numpy's
+    order, then each row's loss and gradient in one loop; rows split across threads as softmax's. The zoo
+    CNN's [64, 10] 0.09-0.12 -> 0.03 ms in its step (numpy's dozen calls, cold between convolutions)."""
+    rows, n = x2.shape
+    loss, back = np.empty(rows, F), empty_aligned(x2.shape, F)
+    step = max(1, _BLOCK_BYTES // (4 * n))
+
+    def work(first: int, end: int) -> None:
+        most = min(step, end - first)
+        shifted = scratch("sparse_xent_shifted", (most * n,), F)  # per thread
+        sums, logs = scratch("sparse_xent_sums", (most,), F), scratch("sparse_xent_logs", (most,), F)
+        with np.errstate(all="ignore"):
+            for lo in range(first, end, step):
+                k = min(step, end - lo)
+                s, e = shifted[:k * n], back[lo:lo + k].reshape(-1)
+                _shift_rows(x2[lo:lo + k].reshape(-1), s, n)
+                np.exp(s, out=e)
+                _row_sums(e, n, sums[:k])
+                np.log(sums[:k], out=logs[:k])
+                _sparse_xent_rows(s, e, n, sums[:k], logs[:k], index[lo:lo + k], padding[lo:lo + k], loss[lo:lo + k])
+    split_units(rows, n, work, _SPLIT_MIN_ELEMENTS)
+    return [loss, back]
+
+
 def _shifted(x: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         return x - x.max(axis=-1, keepdims=True)
@@ -244,7 +291,8 @@ def sparse_softmax_cross_entropy(inputs: list[np.ndarray], attrs: Mapping[str, A
                                  ctx: KernelContext) -> list[np.ndarray]:
     """SparseSoftmaxCrossEntropyWithLogits(features[batch, classes], labels[batch] int).
 
-    A label of -1 is padding, as on the CS system (the Model Zoo's variable sequence length pads masked-LM
+    Float32 logits take the blocked loops (_sparse_xent_loops: the numpy code's bits). A label of -1 is
+    padding, as on the CS system (the Model Zoo's variable sequence length pads masked-LM
     labels with -1, ``mlm_pad_id``): its row's loss and gradient are 0. Any other label outside
     [0, classes) raises KernelInputError, as TF's CPU kernel raises InvalidArgumentError, or, unless ctx.check
     (an untaken tf.cond branch), is taken as padding too.
@@ -256,10 +304,13 @@ def sparse_softmax_cross_entropy(inputs: list[np.ndarray], attrs: Mapping[str, A
         _check_labels(labels, k, counted=~padding)
     else:
         padding |= (labels < 0) | (labels >= k)
+    index = np.where(padding, 0, labels).astype(np.int64)
+    x2 = _rows_for_loops(logits) if logits.ndim == 2 else None
+    if x2 is not None:
+        return _sparse_xent_loops(x2, index, padding)
     s = _shifted(logits)
     e = np.exp(s)
     total = e.sum(axis=-1, keepdims=True)
-    index = np.where(padding, 0, labels).astype(np.int64)
     picked = np.take_along_axis(s, index[:, None], axis=-1)[:, 0]
     loss = np.log(total[:, 0]) - picked
     back = e / total
