@@ -221,7 +221,8 @@ def _sparse_xent_loops(x2: np.ndarray, index: np.ndarray, padding: np.ndarray) -
     """sparse_softmax_cross_entropy's (loss, backprop) of float32 logits x2 [rows, n] as its numpy code computes
     them (the same bits): per block of rows, max and shift (numba), numpy's exp and log, the sums in numpy's
     order, then each row's loss and gradient in one loop; rows split across threads as softmax's. The zoo
-    CNN's [64, 10] 0.09-0.12 -> 0.03 ms in its step (numpy's dozen calls, cold between convolutions)."""
+    transformer's [160, 8000] 1.08 -> 0.67 ms hot (the zoo CNN's [64, 10] still about 0.1 ms in its step: cold
+    between convolutions, 0.02 hot either way)."""
     rows, n = x2.shape
     loss, back = np.empty(rows, F), empty_aligned(x2.shape, F)
     step = max(1, _BLOCK_BYTES // (4 * n))
