@@ -425,10 +425,14 @@ class Executor:
         (`pairs`: the phase's fusion.fused_pairs) first, then chains (wse/chains.py) among the other kernels;
         a bias_add -> relu of `folds` (fusion.bias_relu_pools) runs as no unit of its own: its pool and
         the pool's gradient take its inputs; the max_pool of a fused_batch_norm -> relu of `normalized_pools`
-        (fusion.batch_norm_relu_pools) runs in the batch norm's unit, and its gradient from the taps alone."""
+        (fusion.batch_norm_relu_pools) runs in the batch norm's unit (with the to_half of its output, which
+        then runs as no unit), and its gradient from the taps alone."""
         planned = []
         pairs = dict(pairs)  # the roundings in place join them
-        folded = {k.id for f in folds for k in (f.bias_add, f.relu)} | {f.pool.id for f in normalized_pools}
+        # float16, bfloat16: a normalized pool's output rounded where it is, in its unit (BatchNormReluPool.rounding)
+        round_pooled = self.half_dtype != FLOAT32_MODE and rounds_in_place(self.half_dtype)
+        folded = ({k.id for f in folds for k in (f.bias_add, f.relu)} | {f.pool.id for f in normalized_pools}
+                  | {f.rounding.id for f in normalized_pools if f.rounding is not None and round_pooled})
         fold_of = {k.id: f for f in folds for k in (f.pool, f.grad)}
         normalized_of = {k.id: f for f in normalized_pools for k in (f.batch_norm, f.grad)}
         tails = {tail.id for tail in pairs.values()}
@@ -478,9 +482,12 @@ class Executor:
             elif kernel.id in normalized_of:  # the batch norm with its max pool; the pool's gradient
                 normalized = normalized_of[kernel.id]
                 taps = self._winning_taps[normalized.pool.id]
-                if kernel.id == normalized.batch_norm.id:  # its first output the pool's
-                    tail = dataclasses.replace(normalized.pool, inputs=kernel.outputs[:1])
-                    fn = batch_norm_relu_max_pool(taps, normalized.pool.attrs)
+                if kernel.id == normalized.batch_norm.id:  # its first output the pool's (or its rounding's)
+                    rounding = normalized.rounding if round_pooled else None
+                    tail = dataclasses.replace(normalized.pool, inputs=kernel.outputs[:1],
+                                               outputs=(rounding or normalized.pool).outputs)
+                    fn = batch_norm_relu_max_pool(taps, normalized.pool.attrs,
+                                                  self.half_dtype if rounding is not None else None)
                 else:  # reads its own gradient input alone
                     y = self.program.tensors[kernel.inputs[0]]
                     kernel = dataclasses.replace(kernel, inputs=kernel.inputs[2:])

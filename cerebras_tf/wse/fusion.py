@@ -214,13 +214,16 @@ class BatchNormReluPool:
     relu_grad fused into it read, where the pool keeps its winning taps for the gradient (winning_taps, with
     the relu_grad): the pool runs in the batch norm's unit on its inputs (fused.batch_norm_relu_max_pool) and
     the gradient from the taps and its own gradient input alone (WinningTaps.max_pool_grad_of_taps), so the
-    relu's output, the batch's normalized values, is never stored."""
+    relu's output, the batch's normalized values, is never stored. `rounding`: a to_half that, the gradient
+    aside, is the only reader of the pool's output (a convolution's operand rounded to the half dtype): the
+    unit may round that output where it is, and the to_half run as no unit of its own."""
 
     batch_norm: ir.Kernel
     relu: ir.Kernel
     pool: ir.Kernel
     grad: ir.Kernel  # the max_pool_grad, relu_grad its fused tail
     relu_grad: ir.Kernel
+    rounding: ir.Kernel | None = None
 
 
 def batch_norm_relu_pools(kernels: Sequence[ir.Kernel], readers: Mapping[int, Sequence[int]], keep: Collection[int],
@@ -246,8 +249,23 @@ def batch_norm_relu_pools(kernels: Sequence[ir.Kernel], readers: Mapping[int, Se
                 or grad.inputs[1] != pool.outputs[0]
                 or not _data_format(batch_norm) == _data_format(pool) == "NHWC"):
             continue
-        found.append(BatchNormReluPool(batch_norm, relu, pool, grad, tail))
+        found.append(BatchNormReluPool(batch_norm, relu, pool, grad, tail,
+                                       _pool_rounding(pool, grad, kernels, readers, keep)))
     return found
+
+
+def _pool_rounding(pool: ir.Kernel, grad: ir.Kernel, kernels: Sequence[ir.Kernel],
+                   readers: Mapping[int, Sequence[int]], keep: Collection[int]) -> ir.Kernel | None:
+    """The to_half of `kernels` that reads the pool's output, which only it and the pool's gradient `grad`
+    (which takes the winning taps instead) read and which is not kept; unguarded, writing no variable."""
+    out = pool.outputs[0]
+    others = [r for r in readers.get(out, ()) if r != grad.id]
+    rounding = next((k for k in kernels if others and k.id == others[0]), None)
+    if out in keep or len(others) != 1 or rounding is None:
+        return None
+    if rounding.kind != "to_half" or rounding.inputs != [out] or rounding.guard is not None or rounding.vars:
+        return None
+    return rounding
 
 
 # The function of a max_pool_grad in `known_maxima`, by the kind of the tail fused into it ("": none).

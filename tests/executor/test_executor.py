@@ -184,8 +184,9 @@ def test_the_gradient_seed_drives_every_gradient(tmp_path):
 def test_fused_relus_give_the_results_of_the_kernels_one_at_a_time(tmp_path, monkeypatch):
     """The zoo CNN's fused_batch_norm -> relu, max_pool_grad and avg_pool_grad -> relu_grad run fused, its bias_add
     -> relu runs folded into the average pool and its gradient (bias_relu_pools), its max pool in the batch
-    norm's unit where it keeps its winning taps (batch_norm_relu_pools), the half rounding after its
-    avg_pool rounds its output in place and the one after fused_batch_norm_grad as the kernel writes dx
+    norm's unit where it keeps its winning taps (batch_norm_relu_pools), with the half rounding of its output
+    as the pool writes it (BatchNormReluPool.rounding), the half rounding after its avg_pool rounds its output
+    in place and the one after fused_batch_norm_grad as the kernel writes dx
     (fused.ROUNDED_AS_WRITTEN; in place after it in the second run), the one of its conv block's gradient beside
     that gradient's bias_add_grad (fused.ROUNDED_BESIDE) (wse/fusion.py), and the max_pool_grad
     routes its gradients by the winning taps its max pool kept
@@ -223,6 +224,9 @@ def test_fused_relus_give_the_results_of_the_kernels_one_at_a_time(tmp_path, mon
             assert isinstance(taps, WinningTaps) and taps.relu_grad
             # the pool runs in the batch norm's unit, its gradient from the taps and its gradient input alone
             assert [len(p.inputs) for plan in executor._plans for p in plan if p.kernel.kind == "max_pool_grad"] == [1]
+            # and the unit hands on the pooled output rounded: the to_half after the pool runs as no unit
+            assert [program.tensors[p.outputs[0]].dtype for plan in executor._plans for p in plan
+                    if p.kernel.kind == "fused_batch_norm"] == [ir.HALF]
         else:
             assert pool_grads == ([WITH_KNOWN_MAXIMA["relu_grad"]] if fuse == "maxima" else [KERNELS["max_pool_grad"]])
         fused = sorted((p.kernel.kind, p.tail.kind) for plan in executor._plans for p in plan if p.tail)

@@ -132,6 +132,31 @@ def test_a_batch_norm_relu_that_only_its_tap_keeping_max_pool_and_the_gradient_r
     assert found(block(bn_format="NCHW")) == []
 
 
+def test_the_half_rounding_of_a_normalized_pools_output_runs_in_its_unit_where_only_the_gradient_also_reads_it():
+    """BatchNormReluPool.rounding: the to_half of the pool's output where, the pool's gradient aside (it takes
+    the taps), it alone reads it; not with another reader, a kept output, a guard or a kernel other than a
+    to_half."""
+    from cerebras_tf.wse.fusion import batch_norm_relu_pools
+    from cerebras_tf.wse.kernels.pool import WinningTaps
+
+    def rounding(extra: tuple[ir.Kernel, ...], keep: set[int] = frozenset()) -> int | None:
+        kernels = [ir.Kernel(id=0, kind="fused_batch_norm", inputs=[1, 2, 3, 4, 5], outputs=[6, 7, 8, 9, 10, 11],
+                             attrs={"data_format": "NHWC"}),
+                   _kernel(1, "relu", [6], [12]), _kernel(2, "max_pool", [12], [13]), *extra,
+                   _kernel(3, "max_pool_grad", [12, 13, 14], [15]), _kernel(4, "relu_grad", [15, 12], [16])]
+        readers = ir.readers(kernels)
+        taps = WinningTaps(relu_grad=True)
+        pools = batch_norm_relu_pools(kernels, readers, keep, fused_pairs(kernels, readers, keep), {2: taps, 3: taps})
+        assert len(pools) == 1
+        return None if pools[0].rounding is None else pools[0].rounding.id
+    assert rounding((_kernel(5, "to_half", [13], [17]),)) == 5
+    assert rounding(()) is None
+    assert rounding((_kernel(5, "to_half", [13], [17]), _kernel(6, "neg", [13], [18]))) is None  # another reader
+    assert rounding((_kernel(5, "to_half", [13], [17]),), keep={13}) is None
+    assert rounding((_kernel(5, "to_half", [13], [17], guard=9),)) is None
+    assert rounding((_kernel(5, "neg", [13], [17]),)) is None
+
+
 def test_a_half_rounding_that_alone_reads_a_new_array_rounds_it_in_place():
     from cerebras_tf.wse.fusion import rounding_pairs
 

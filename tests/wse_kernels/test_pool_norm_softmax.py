@@ -567,14 +567,17 @@ def test_a_max_pool_keeping_its_winning_taps_gives_max_pool_and_its_gradient_bit
     ((2, 9, 9, 3), 2, 3, "VALID"),   # gaps between the windows
 ])
 @pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("half_dtype", [None, "float16", "bfloat16", "cbfloat16"])
 def test_a_batch_norm_relu_max_pool_gives_the_kernels_outputs_and_gradient_bit_for_bit(
-        shape, ksize, strides, padding, training, rng, jit):
+        shape, ksize, strides, padding, training, half_dtype, rng, jit):
     """fused.batch_norm_relu_max_pool (fusion.batch_norm_relu_pools): the batch norm's outputs, its relu'd y
     max-pooled (never stored: the pool takes the normalized values at its taps), and the gradient from the
     taps alone (WinningTaps.max_pool_grad_of_taps) that of max_pool_grad -> relu_grad on y: with NaN, inf and
     -0.0 inputs, windows of no positive value, and a channel whose every value is the same (normalized to the
     offset: ties). The input is then changed, so a gradient that read it would differ. Without numba the pool
-    keeps y for the gradient."""
+    keeps y for the gradient. With a half dtype the pooled output is round_half's of it (maxima that overflow
+    float16, ties kept), and the gradient still routed by the unrounded maxima."""
+    from cerebras_tf.wse.kernels.half import round_half
     from cerebras_tf.wse.kernels.fused import FUSED, batch_norm_relu_max_pool
     from cerebras_tf.wse.kernels.norm import batch_norm
     from cerebras_tf.wse.kernels.pool import WinningTaps
@@ -585,18 +588,23 @@ def test_a_batch_norm_relu_max_pool_gives_the_kernels_outputs_and_gradient_bit_f
     channels = shape[-1]
     inputs = [x, rng.standard_normal(channels).astype(np.float32), np.array([0.5, -0.25, 0.0], np.float32),
               rng.standard_normal(channels).astype(np.float32), rng.random(channels).astype(np.float32)]
+    if half_dtype is not None:
+        inputs[1][1] = 1e6  # channel 1's scale: maxima past float16's range (channel 0 holds a NaN)
     bn_attrs = {"epsilon": 1e-3, "is_training": training, "data_format": "NHWC"}
     pool_attrs = {"ksize": [1, ksize, ksize, 1], "strides": [1, strides, strides, 1], "padding": padding,
                   "data_format": "NHWC"}
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):
         y, *statistics = batch_norm(inputs, bn_attrs, relu=True)
         pooled = run("max_pool", [y], pool_attrs)[0]
         g = rng.standard_normal(pooled.shape).astype(np.float32)
         g.flat[:3] = [np.inf, -np.inf, np.nan]
         expected = FUSED[("max_pool_grad", "relu_grad")].fn([y, pooled, g], pool_attrs, None)[0]
         taps = WinningTaps(relu_grad=True)
-        outputs = batch_norm_relu_max_pool(taps, pool_attrs)(inputs, bn_attrs, None)
-        for got, want in zip(outputs, [pooled, *statistics]):
+        outputs = batch_norm_relu_max_pool(taps, pool_attrs, half_dtype)(inputs, bn_attrs, None)
+        rounded = pooled if half_dtype is None else round_half(pooled, half_dtype)
+        if half_dtype == "float16":
+            assert np.isinf(rounded).any() and not np.array_equal(rounded, pooled)
+        for got, want in zip(outputs, [rounded, *statistics]):
             _assert_bits_equal(got, want)
         x[...] = 7.0  # the gradient reads neither the pool's input nor what it pooled
         dx = taps.max_pool_grad_of_taps(shape, np.float32)([g], pool_attrs, None)[0]

@@ -19,6 +19,7 @@ import numpy as np
 from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._registry import KERNELS, KernelContext, KernelFn
 from cerebras_tf.wse.kernels.elementwise_grad import bias_add_grad_and_rounding
+from cerebras_tf.wse.kernels.half import NO_ROUNDING, round_half, rounding_code
 from cerebras_tf.wse.kernels.norm import batch_norm, batch_norm_affine, rounded_batch_norm_grad
 from cerebras_tf.wse.kernels.pool import WinningTaps, avg_pool_grad_relu_grad, max_pool_grad_relu_grad
 from cerebras_tf.wse.memory import empty_aligned
@@ -58,20 +59,31 @@ def fused_batch_norm_relu(inputs: list[np.ndarray], attrs: Mapping[str, Any],
     return batch_norm(inputs, attrs, relu=True)
 
 
-def batch_norm_relu_max_pool(taps: WinningTaps, pool_attrs: Mapping[str, Any]) -> KernelFn:
+def batch_norm_relu_max_pool(taps: WinningTaps, pool_attrs: Mapping[str, Any],
+                             half_dtype: str | None = None) -> KernelFn:
     """fused_batch_norm -> relu -> max_pool (fusion.batch_norm_relu_pools) as one kernel on the batch norm's
     inputs and attrs: its outputs, the pooled relu output first (the max pool of `pool_attrs`, keeping its
     winning taps in `taps` for its gradient). The pool takes the normalized values as it walks its windows
     (WinningTaps.max_pool_of_normalized): the batch norm's output, the relu's, is never stored, where
-    numba runs the float32 NHWC pool; else the kernels one after the other. The same bits either way."""
+    numba runs the float32 NHWC pool; else the kernels one after the other. The same bits either way.
+    With `half_dtype` (a to_half of the pooled output after it, BatchNormReluPool.rounding), the pooled output
+    comes rounded to it, as round_half gives it: each max as the pool writes it (half.rounded; where it has no
+    such rounding, the output rounded where it is) where the pool keeps taps (the gradient reads them, not the
+    output); else into a new array (the gradient then takes the maxima from the unrounded output,
+    max_pool_keeping_input)."""
     def kernel(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
         x = inputs[0]
         if not str(attrs.get("data_format", "NHWC")).startswith("NC") and taps.pools_normalized(x, pool_attrs):
             affine, others = batch_norm_affine(np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1]),
                                                inputs, attrs)
-            return [taps.max_pool_of_normalized(x, affine, pool_attrs), *others]
+            code = NO_ROUNDING if half_dtype is None else rounding_code(half_dtype)
+            pooled = taps.max_pool_of_normalized(x, affine, pool_attrs, None if code == NO_ROUNDING else code)
+            if half_dtype is not None and code == NO_ROUNDING:
+                round_half(pooled, half_dtype, out=pooled)
+            return [pooled, *others]
         y, *others = batch_norm(inputs, attrs, relu=True)
-        return [taps.max_pool_keeping_input(y, pool_attrs, ctx), *others]
+        pooled = taps.max_pool_keeping_input(y, pool_attrs, ctx)
+        return [pooled if half_dtype is None else round_half(pooled, half_dtype), *others]
     return kernel
 
 

@@ -30,6 +30,7 @@ from cerebras_tf.wse.kernels._registry import KERNELS, KernelContext, KernelFn, 
 from cerebras_tf.wse.kernels._select import keep_where
 from cerebras_tf.wse.kernels._split import split_units
 from cerebras_tf.wse.kernels.elementwise_grad import relu_grad as relu_grad_kernel
+from cerebras_tf.wse.kernels.half import rounded
 from cerebras_tf.wse.kernels.norm import normalized_relu
 from cerebras_tf.wse.memory import empty_aligned
 from cerebras_tf.wse.kernels.conv_geometry import Geom
@@ -80,7 +81,7 @@ NO_TAP = 255
 @_jit.jit
 def _max_pool_loop(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, pl: int, low: Any,
                    out: np.ndarray, taps: np.ndarray | None, relu_grad: bool, affine: np.ndarray | None,
-                   lo: int, hi: int) -> None:
+                   rounding: int | None, lo: int, hi: int) -> None:
     """out[n] = the window max of NHWC x[n] for n in [lo, hi), as the numpy code's np.maximum over taps. With taps
     (uint8, out's shape: WinningTaps), also each window's winning tap (i * kw + j): the first tap equal to the
     window max, where max_pool_grad routes its gradient; NO_TAP where none takes it (a NaN max; with relu_grad,
@@ -88,7 +89,9 @@ def _max_pool_loop(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, p
     yet), so it is the first tap equal to the final max. taps None is a type of its own: numba compiles the
     loop without the taps' branches for it (as fast as a loop without them). With an affine ((3, C): mean,
     factor, offset), of norm.normalized_relu's values instead, as a batch norm + relu writes them: its output
-    pooled without being stored (BatchNormReluPool)."""
+    pooled without being stored (BatchNormReluPool). With `rounding` (a float32 x), each max is written
+    half.rounded, its tap taken before: a to_half of the output in the same pass (None: a type of its own, as
+    taps None)."""
     h, w, c = x.shape[1], x.shape[2], x.shape[3]
     oh, ow = out.shape[1], out.shape[2]
     none = np.uint8(NO_TAP)
@@ -128,6 +131,9 @@ def _max_pool_loop(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, p
                         m = out[n, i0, j0, k]
                         if m != m or (relu_grad and not m > 0):
                             taps[n, i0, j0, k] = none
+                if rounding is not None:
+                    for k in range(c):
+                        out[n, i0, j0, k] = rounded(out[n, i0, j0, k], rounding)
 
 
 @_jit.jit
@@ -394,7 +400,7 @@ def max_pool(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelCont
         out = empty_aligned((g.n, g.oh, g.ow, g.c), x.dtype)
         low = _low(x.dtype)
         split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _max_pool_loop(xn, *_geometry(g), low, out, None, False,
-                                                                         None, lo, hi))
+                                                                         None, None, lo, hi))
         return [_back(out, g)]
     return [_back(_max(_nhwc(x, g), g)[1], g)]
 
@@ -522,13 +528,13 @@ class WinningTaps:
             return max_pool(inputs, attrs, ctx)
         return [self._pool(x, g, None)]
 
-    def _pool(self, x: np.ndarray, g: Geom, affine: np.ndarray | None) -> np.ndarray:
+    def _pool(self, x: np.ndarray, g: Geom, affine: np.ndarray | None, rounding: int | None = None) -> np.ndarray:
         xn = np.ascontiguousarray(_nhwc(x, g))
         out = empty_aligned((g.n, g.oh, g.ow, g.c), x.dtype)
         taps = np.empty((g.n, g.oh, g.ow, g.c), np.uint8)
         low = _low(x.dtype)
         split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _max_pool_loop(
-            xn, *_geometry(g), low, out, taps, self.relu_grad, affine, lo, hi))
+            xn, *_geometry(g), low, out, taps, self.relu_grad, affine, rounding, lo, hi))
         self._taps = taps
         return _back(out, g)
 
@@ -537,11 +543,13 @@ class WinningTaps:
         """Whether max_pool_of_normalized takes x: float32 NHWC, with numba."""
         return _jit_ok(x) and x.dtype == np.float32 and x.ndim == 4 and not _geom(attrs, x.shape).nchw
 
-    def max_pool_of_normalized(self, x: np.ndarray, affine: np.ndarray, attrs: Mapping[str, Any]) -> np.ndarray:
+    def max_pool_of_normalized(self, x: np.ndarray, affine: np.ndarray, attrs: Mapping[str, Any],
+                               rounding: int | None = None) -> np.ndarray:
         """max_pool(relu((x - mean) * factor + offset)) for affine (3, C) float32 rows mean, factor, offset (a
         batch norm's: its _normalize_relu's values, bit for bit), keeping the taps; x as pools_normalized takes
-        it. The normalized values are never stored: the gradient (max_pool_grad_of_taps) does not read them."""
-        return self._pool(x, _geom(attrs, x.shape), affine)
+        it. The normalized values are never stored: the gradient (max_pool_grad_of_taps) does not read them.
+        With `rounding` (half.rounding_code), each max is written half.rounded."""
+        return self._pool(x, _geom(attrs, x.shape), affine, rounding)
 
     def max_pool_keeping_input(self, y: np.ndarray, attrs: Mapping[str, Any], ctx: KernelContext) -> np.ndarray:
         """max_pool(y) for a folded pool that cannot pool the normalized values as they are made
