@@ -429,7 +429,7 @@ class Executor:
         then runs as no unit), and its gradient from the taps alone."""
         planned = []
         pairs = dict(pairs)  # the roundings in place join them
-        # float16, bfloat16: a normalized pool's output rounded where it is, in its unit (BatchNormReluPool.rounding)
+        # float16, bfloat16: a normalized pool's output rounded as the pool writes it (BatchNormReluPool.rounding)
         round_pooled = self.half_dtype != FLOAT32_MODE and rounds_in_place(self.half_dtype)
         folded = ({k.id for f in folds for k in (f.bias_add, f.relu)} | {f.pool.id for f in normalized_pools}
                   | {f.rounding.id for f in normalized_pools if f.rounding is not None and round_pooled})
