@@ -216,7 +216,7 @@ class BatchNormReluPool:
     the gradient from the taps and its own gradient input alone (WinningTaps.max_pool_grad_of_taps), so the
     relu's output, the batch's normalized values, is never stored. `rounding`: a to_half that, the gradient
     aside, is the only reader of the pool's output (a convolution's operand rounded to the half dtype): the
-    unit may round that output where it is, and the to_half run as no unit of its own."""
+    unit may hand that output on rounded (the pool writing each max so), and the to_half run as no unit."""
 
     batch_norm: ir.Kernel
     relu: ir.Kernel
@@ -260,10 +260,11 @@ def _pool_rounding(pool: ir.Kernel, grad: ir.Kernel, kernels: Sequence[ir.Kernel
     (which takes the winning taps instead) read and which is not kept; unguarded, writing no variable."""
     out = pool.outputs[0]
     others = [r for r in readers.get(out, ()) if r != grad.id]
-    rounding = next((k for k in kernels if others and k.id == others[0]), None)
-    if out in keep or len(others) != 1 or rounding is None:
+    if out in keep or len(others) != 1:
         return None
-    if rounding.kind != "to_half" or rounding.inputs != [out] or rounding.guard is not None or rounding.vars:
+    rounding = next((k for k in kernels if k.id == others[0]), None)
+    if (rounding is None or rounding.kind != "to_half" or rounding.inputs != [out] or rounding.guard is not None
+            or rounding.vars):
         return None
     return rounding
 

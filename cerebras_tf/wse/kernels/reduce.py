@@ -23,20 +23,11 @@ def _axes(axis: Any, ndim: int) -> tuple[int, ...]:
 
 
 @_jit.jit
-def _outer_sums(x2: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled by numba
-    """out[k] = the sum of x2[:, k], adding row after row (numpy's order for an outer-axis sum)."""
-    c = x2.shape[1]
-    for k in range(c):
-        out[k] = 0
-    for r in range(x2.shape[0]):
-        for k in range(c):
-            out[k] += x2[r, k]
-
-
-@_jit.jit
-def _outer_sums_rounding(x2: np.ndarray, out: np.ndarray, x2_rounded: np.ndarray,
-                         rounding: int) -> None:  # pragma: no cover - compiled by numba
-    """_outer_sums, writing each value of x2 half.rounded into x2_rounded as it is added."""
+def _outer_sums(x2: np.ndarray, out: np.ndarray, x2_rounded: np.ndarray | None,
+                rounding: int) -> None:  # pragma: no cover - compiled by numba
+    """out[k] = the sum of x2[:, k], adding row after row (numpy's order for an outer-axis sum); with x2_rounded,
+    each value of x2 also written there half.rounded (`rounding`) as it is added (None: a type of its own, numba
+    compiles the loop without it)."""
     c = x2.shape[1]
     for k in range(c):
         out[k] = 0
@@ -44,7 +35,8 @@ def _outer_sums_rounding(x2: np.ndarray, out: np.ndarray, x2_rounded: np.ndarray
         for k in range(c):
             v = x2[r, k]
             out[k] += v
-            x2_rounded[r, k] = rounded(v, rounding)
+            if x2_rounded is not None:
+                x2_rounded[r, k] = rounded(v, rounding)
 
 
 def _outer_applies(x: np.ndarray, axes: tuple[int, ...]) -> bool:
@@ -60,7 +52,7 @@ def outer_sum(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray | None:
     if not _outer_applies(x, axes):
         return None
     out = np.empty(x.shape[len(axes):], x.dtype)
-    _outer_sums(x.reshape(-1, out.size), out.reshape(-1))
+    _outer_sums(x.reshape(-1, out.size), out.reshape(-1), None, NO_ROUNDING)
     return out
 
 
@@ -72,7 +64,7 @@ def outer_sum_rounding(x: np.ndarray, axes: tuple[int, ...],
         return None
     out = np.empty(x.shape[len(axes):], x.dtype)
     x_rounded = empty_aligned(x.shape, np.float32)
-    _outer_sums_rounding(x.reshape(-1, out.size), out.reshape(-1), x_rounded.reshape(-1, out.size), rounding)
+    _outer_sums(x.reshape(-1, out.size), out.reshape(-1), x_rounded.reshape(-1, out.size), rounding)
     return out, x_rounded
 
 
