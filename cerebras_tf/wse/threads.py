@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -46,7 +45,6 @@ STREAMING_MIN_ELEMENTS_PER_THREAD = 1 << 24
 # a hand-off soon after a loop costs microseconds where a Python pool thread's costs 70-90 (handoff_bench).
 LOOP_MIN_ELEMENTS_PER_THREAD = 1 << 16
 
-_pool: ThreadPoolExecutor | None = None
 _beside = 0  # kernels the executor runs beside the one that started last
 _loop_threads: bool | None = None  # whether numba's parallel loops may run in this process (probed on first use)
 _loop_threads_lock = threading.Lock()
@@ -149,19 +147,82 @@ def split_range(size: int, work: Callable[[int, int], object], min_per_thread: i
     if parts <= 1:
         work(0, size)
         return
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=host_threads() - 1, thread_name_prefix="wse-host")
     bounds = [size * i // parts for i in range(parts + 1)]
     mode = denormals.mxcsr()
 
     def task(lo: int, hi: int) -> None:
         with denormals.as_in(mode):  # flushing denormals or not, as the kernel's own thread
             work(lo, hi)
-    futures = [_pool.submit(task, bounds[i], bounds[i + 1]) for i in range(1, parts)]
-    work(bounds[0], bounds[1])
-    for future in futures:
-        future.result()
+    helpers = _Helper.take(parts - 1)
+    try:
+        for helper, i in zip(helpers, range(1, parts)):
+            helper.start(task, bounds[i], bounds[i + 1])
+        for i in (0, *range(len(helpers) + 1, parts)):  # the caller's slice, and any no free helper took
+            work(bounds[i], bounds[i + 1])
+    finally:
+        _Helper.give_back(helpers)
+
+
+class _Helper:
+    """A pool thread for split_range's slices: `start` hands it one slice, `wait` (in give_back) waits for
+    it and raises its error. Two plain locks pass the slice and its end: a ThreadPoolExecutor's Future and
+    Condition cost more Python per hand-off, which runs cold between a step's big kernels (the zoo CNN's step
+    about 1-2% faster with this, the geometry cache in kernels/pool.py and empty_aligned's address read)."""
+
+    _free: list[_Helper] = []
+    _count = 0
+    _lock = threading.Lock()
+
+    def __init__(self, name: str) -> None:
+        self._go, self._done = threading.Lock(), threading.Lock()
+        self._go.acquire()
+        self._done.acquire()
+        self._task: tuple[Callable[[int, int], object], int, int] | None = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._loop, name=name, daemon=True).start()
+
+    @classmethod
+    def take(cls, count: int) -> list[_Helper]:
+        """Up to `count` idle helpers (made on first need, at most a core's worth less one each; a caller
+        on another thread may hold some)."""
+        with cls._lock:
+            while len(cls._free) < count and cls._count < host_threads() - 1:
+                cls._count += 1
+                cls._free.append(cls(f"wse-host-{cls._count}"))
+            taken, cls._free[:] = cls._free[:count], cls._free[count:]
+        return taken
+
+    @classmethod
+    def give_back(cls, helpers: list[_Helper]) -> None:
+        """Wait for each helper's slice, then return it to the idle ones; raise the first slice's error."""
+        errors = [helper._wait() for helper in helpers]
+        with cls._lock:
+            cls._free.extend(helpers)
+        for error in errors:
+            if error is not None:
+                raise error
+
+    def start(self, work: Callable[[int, int], object], lo: int, hi: int) -> None:
+        self._task = (work, lo, hi)
+        self._go.release()
+
+    def _wait(self) -> BaseException | None:
+        if self._task is None:
+            return None
+        self._done.acquire()
+        self._task, error, self._error = None, self._error, None
+        return error
+
+    def _loop(self) -> None:
+        while True:
+            self._go.acquire()
+            assert self._task is not None
+            work, lo, hi = self._task
+            try:
+                work(lo, hi)
+            except BaseException as error:  # noqa: BLE001 - raised on the caller's thread (give_back)
+                self._error = error
+            self._done.release()
 
 
 def split_blocks(bounds: Sequence[int], work: Callable[[int, int], object]) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -171,3 +172,46 @@ def test_a_loop_beside_another_kernel_goes_to_the_executors_shared_blocks(monkey
     np.testing.assert_array_equal(out, np.arange(1000))
     threads.split_range(1000, lambda lo, hi: calls.append((lo, hi)), 400)  # outside: the pool's split
     assert shared == [[0, 250, 500, 750, 1000], [0, 500, 1000]]
+
+
+def test_a_slices_error_is_raised_after_every_slice_finished(monkeypatch):
+    """split_range on helper threads: an error in a helper's slice reaches the caller, once every slice is done
+    (none still runs on the caller's arrays), and the helpers take the next split as before."""
+    monkeypatch.setattr(threads, "host_threads", lambda: 3)
+    finished, lock = [], threading.Lock()
+
+    def work(lo, hi):
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(0.05)  # still running when the caller's own slice is done
+        with lock:
+            finished.append((lo, hi))
+        if lo > 0:
+            raise ValueError(f"slice {lo}")
+
+    with pytest.raises(ValueError, match="slice 100"):
+        threads.split_range(300, work, 100)
+    assert sorted(finished) == [(0, 100), (100, 200), (200, 300)]  # raised once all three had run
+    seen = []
+    threads.split_range(300, lambda lo, hi: seen.append((lo, hi)), 100)
+    assert sorted(seen) == [(0, 100), (100, 200), (200, 300)]
+
+
+def test_splits_from_two_threads_at_once_each_cover_their_range(monkeypatch):
+    """Two callers splitting at the same time share the helpers: a caller that finds none free does the
+    slices itself. Every index of both ranges is done once, and no more helpers are made than cores less one."""
+    monkeypatch.setattr(threads, "host_threads", lambda: 2)
+    counts = [np.zeros(4000, np.int64) for _ in range(2)]
+    start = threading.Barrier(2)
+
+    def caller(k):
+        start.wait()
+        for _ in range(50):
+            threads.split_range(4000, lambda lo, hi: counts[k].__setitem__(slice(lo, hi), counts[k][lo:hi] + 1), 1000)
+    callers = [threading.Thread(target=caller, args=(k,)) for k in range(2)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join()
+    assert all((c == 50).all() for c in counts)
+    helpers = [t for t in threading.enumerate() if t.name.startswith("wse-host-")]
+    assert 1 <= len(helpers) <= 2  # made for up to 3 cores by the other tests of this module, at most
