@@ -31,6 +31,23 @@ def test_max_pool_and_grad(case, rng, jit):
           R.MaxPoolGrad(orig_input=x, orig_output=y, grad=g, **kw), rtol=1e-6, atol=1e-6)
 
 
+def test_pool_geometry_is_kept_per_attrs_object_and_shape(rng, jit):
+    """pool._geom keeps a kernel's geometry per attrs object and input shape; an entry left by another attrs
+    object whose id this one now has (a freed dict's) is not taken, and results follow the attrs at hand."""
+    from cerebras_tf.wse.kernels import pool
+    x = rng.normal(size=(2, 8, 8, 3)).astype(F)
+    valid = {"ksize": [1, 2, 2, 1], "strides": [1, 2, 2, 1], "padding": "VALID", "data_format": "NHWC"}
+    same = {**valid, "ksize": [1, 3, 3, 1], "padding": "SAME"}
+    g = pool._geom(valid, x.shape)
+    assert pool._geom(valid, x.shape) is g and pool._geom(valid, (4, 8, 8, 3)) is not g
+    pool._GEOMS[(id(same), x.shape)] = (valid, g)  # as if `valid` had been freed and `same` got its id
+    assert (pool._geom(same, x.shape).kh, pool._geom(same, x.shape).oh) == (3, 4)
+    for attrs in (valid, same, valid):
+        kw = {key: attrs[key] for key in ("ksize", "strides", "padding")}
+        check(run("avg_pool", [x], attrs)[0], R.AvgPool(value=x, **kw), rtol=1e-6, atol=1e-6)
+        check(run("max_pool", [x], attrs)[0], R.MaxPool(input=x, **kw), rtol=0, atol=0)
+
+
 def test_max_pool_grad_ties_go_to_first_max(rng, jit):
     x = np.round(rng.normal(size=(2, 6, 6, 2))).astype(F)  # many ties
     x[0, :4, :4, 0] = 1.0

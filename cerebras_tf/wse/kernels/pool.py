@@ -38,11 +38,27 @@ from cerebras_tf.wse.kernels.conv_geometry import Geom
 _JIT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
+# Each pooling kernel's Geom, made on its first call and kept per attrs object and input shape (the executor hands a
+# kernel the same attrs every step; host_kernels_tf._Plans keeps its plans the same way): (attrs, Geom), the attrs
+# kept so that their id is not reused. All are dropped past _GEOMS_LIMIT (a program has a few).
+_GEOMS: dict[tuple[int, tuple[int, ...]], tuple[Mapping[str, Any], Geom]] = {}
+_GEOMS_LIMIT = 1024
+
+
 def _geom(attrs: Mapping[str, Any], shape: Sequence[int]) -> Geom:
+    """The pooling's geometry (a window is a filter of ksize): made once per attrs object and shape."""
+    key = (id(attrs), tuple(int(d) for d in shape))
+    kept = _GEOMS.get(key)
+    if kept is not None and kept[0] is attrs:
+        return kept[1]
     fmt = str(attrs.get("data_format", "NHWC"))
     ks = list(attrs["ksize"])
     k = (ks[2], ks[3]) if fmt.startswith("NC") else (ks[1], ks[2])
-    return Geom({**attrs, "dilations": None}, shape, (int(k[0]), int(k[1])))
+    g = Geom({**attrs, "dilations": None}, shape, (int(k[0]), int(k[1])))
+    if len(_GEOMS) >= _GEOMS_LIMIT:
+        _GEOMS.clear()
+    _GEOMS[key] = (attrs, g)
+    return g
 
 
 def _nhwc(x: np.ndarray, g: Geom) -> np.ndarray:
@@ -600,6 +616,23 @@ def _counts(g: Geom) -> np.ndarray:
     return cnt
 
 
+_LOOP_COUNTS: dict[tuple[int, np.dtype], tuple[Geom, np.ndarray]] = {}
+
+
+def _loop_counts(g: Geom, dtype: np.dtype) -> np.ndarray:
+    """_counts as the numba loops take them, [oh, ow] of `dtype` (read only): made once per Geom (which _geom
+    keeps) and dtype."""
+    key = (id(g), dtype)
+    kept = _LOOP_COUNTS.get(key)
+    if kept is not None and kept[0] is g:
+        return kept[1]
+    counts = np.ascontiguousarray(_counts(g)[0, :, :, 0].astype(dtype))
+    if len(_LOOP_COUNTS) >= _GEOMS_LIMIT:
+        _LOOP_COUNTS.clear()
+    _LOOP_COUNTS[key] = (g, counts)
+    return counts
+
+
 @register("avg_pool")
 def avg_pool(inputs: list[np.ndarray], attrs: Mapping[str, Any], ctx: KernelContext) -> list[np.ndarray]:
     x = inputs[0]
@@ -619,7 +652,7 @@ def _avg_pool_jit(x: np.ndarray, g: Geom, bias: np.ndarray | None) -> np.ndarray
     xn = np.ascontiguousarray(_nhwc(x, g))
     out = empty_aligned((g.n, g.oh, g.ow, g.c), x.dtype)  # aligned: TF's convolutions copy it otherwise
     out.fill(0)
-    counts = np.ascontiguousarray(_counts(g)[0, :, :, 0].astype(x.dtype))
+    counts = _loop_counts(g, x.dtype)
     split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _avg_pool_loop(xn, *_geometry(g), counts, out, bias, lo, hi))
     return _back(out, g)
 
@@ -687,7 +720,7 @@ def _avg_pool_grad(grad: np.ndarray, attrs: Mapping[str, Any], ctx: KernelContex
     if _jit_ok(grad) and g.kh <= g.sh and g.kw <= g.sw and (
             features is None or (features.dtype == grad.dtype and list(features.shape) == shape)):
         gn = np.ascontiguousarray(_nhwc(grad, g))
-        counts = np.ascontiguousarray(_counts(g)[0, :, :, 0].astype(grad.dtype))
+        counts = _loop_counts(g, grad.dtype)
         # no element in two windows: each written once, no zero fill where tiled
         dx = empty_aligned((g.n, g.h, g.w, g.c), grad.dtype)
         if not _tiled(g):
@@ -708,7 +741,7 @@ def _avg_pool_grad_alone(grad: np.ndarray, g: Geom) -> np.ndarray:
     share onto zeros (numba), or the numpy code."""
     if _jit_ok(grad):
         gn = np.ascontiguousarray(_nhwc(grad, g))
-        counts = np.ascontiguousarray(_counts(g)[0, :, :, 0].astype(grad.dtype))
+        counts = _loop_counts(g, grad.dtype)
         dx = np.zeros((g.n, g.h, g.w, g.c), grad.dtype)
         split_units(g.n, g.h * g.w * g.c, lambda lo, hi: _avg_pool_grad_loop(
             gn, *_geometry(g), counts, dx, lo, hi))
