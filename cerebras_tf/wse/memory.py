@@ -32,12 +32,14 @@ ALIGNMENT = 64
 
 
 def empty_aligned(shape: Sequence[int] | int, dtype: Any = np.float32) -> np.ndarray:
-    """An uninitialised C-contiguous array of `shape` whose data starts on a 64-byte boundary."""
+    """An uninitialised C-contiguous array of `shape` whose data starts on a 64-byte boundary. (The address is
+    read from __array_interface__: numpy's `.ctypes` makes a Python object per call, and the executor makes
+    dozens of arrays a step.)"""
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
     buffer = np.empty(nbytes + ALIGNMENT, np.uint8)
-    start = -buffer.ctypes.data % ALIGNMENT
+    start = -buffer.__array_interface__["data"][0] % ALIGNMENT
     return buffer[start:start + nbytes].view(dtype).reshape(shape)
 
 
