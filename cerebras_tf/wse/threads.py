@@ -164,10 +164,11 @@ def split_range(size: int, work: Callable[[int, int], object], min_per_thread: i
 
 
 class _Helper:
-    """A pool thread for split_range's slices: `start` hands it one slice, `wait` (in give_back) waits for
-    it and raises its error. Two plain locks pass the slice and its end: a ThreadPoolExecutor's Future and
-    Condition cost more Python per hand-off, which runs cold between a step's big kernels (the zoo CNN's step
-    about 1-2% faster with this, the geometry cache in kernels/pool.py and empty_aligned's address read)."""
+    """A pool thread for split_range's slices: `start` hands it one slice, `give_back` waits for it and raises
+    its error. Two plain locks pass the slice and its end: a ThreadPoolExecutor's Future and Condition cost
+    more Python per hand-off, which runs cold between a step's big kernels (the zoo CNN's step about 1-2%
+    faster with this, the geometry cache in kernels/pool.py and empty_aligned's address read). A forked child
+    has none of its parent's helpers (`forget`) and makes its own."""
 
     _free: list[_Helper] = []
     _count = 0
@@ -183,8 +184,8 @@ class _Helper:
 
     @classmethod
     def take(cls, count: int) -> list[_Helper]:
-        """Up to `count` idle helpers (made on first need, at most a core's worth less one each; a caller
-        on another thread may hold some)."""
+        """Up to `count` idle helpers: made on first need, up to one fewer than the host's cores (a caller on
+        another thread may hold some)."""
         with cls._lock:
             while len(cls._free) < count and cls._count < host_threads() - 1:
                 cls._count += 1
@@ -212,6 +213,11 @@ class _Helper:
         self._done.acquire()
         self._task, error, self._error = None, self._error, None
         return error
+
+    @classmethod
+    def forget(cls) -> None:
+        """In a forked child: the parent's helper threads do not exist here."""
+        cls._free, cls._count, cls._lock = [], 0, threading.Lock()
 
     def _loop(self) -> None:
         while True:
@@ -358,3 +364,4 @@ def _forget_loop_threads() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_loop_threads)
+    os.register_at_fork(after_in_child=_Helper.forget)

@@ -215,3 +215,25 @@ def test_splits_from_two_threads_at_once_each_cover_their_range(monkeypatch):
     assert all((c == 50).all() for c in counts)
     helpers = [t for t in threading.enumerate() if t.name.startswith("wse-host-")]
     assert 1 <= len(helpers) <= 2  # made for up to 3 cores by the other tests of this module, at most
+
+
+def _split_in_child(size: int) -> list[tuple[int, int]]:
+    seen: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def work(lo, hi):
+        with lock:
+            seen.append((lo, hi))
+    threads.split_range(size, work, size // 2)
+    return sorted(seen)
+
+
+def test_a_child_forked_after_splits_ran_splits_on_helpers_of_its_own(monkeypatch):
+    """The parent's helper threads do not exist in a forked child: its first split makes its own instead of
+    waiting forever on a parent's."""
+    import multiprocessing
+
+    monkeypatch.setattr(threads, "host_threads", lambda: 2)
+    assert _split_in_child(1000) == [(0, 500), (500, 1000)]  # the parent's helper now exists
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply_async(_split_in_child, (1000,)).get(timeout=60) == [(0, 500), (500, 1000)]
