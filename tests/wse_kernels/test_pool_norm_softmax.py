@@ -40,7 +40,7 @@ def test_pool_geometry_is_kept_per_attrs_object_and_shape(rng, jit):
     same = {**valid, "ksize": [1, 3, 3, 1], "padding": "SAME"}
     g = pool._geom(valid, x.shape)
     assert pool._geom(valid, x.shape) is g and pool._geom(valid, (4, 8, 8, 3)) is not g
-    pool._GEOMS[(id(same), x.shape)] = (valid, g)  # as if `valid` had been freed and `same` got its id
+    pool._KEPT[(id(same), x.shape)] = (valid, g)  # as if `valid` had been freed and `same` got its id
     assert (pool._geom(same, x.shape).kh, pool._geom(same, x.shape).oh) == (3, 4)
     for attrs in (valid, same, valid):
         kw = {key: attrs[key] for key in ("ksize", "strides", "padding")}

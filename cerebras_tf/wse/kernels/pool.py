@@ -21,7 +21,7 @@ Where the program shows orig_output to be the max pool of orig_input (the execut
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Hashable, Mapping, Sequence, TypeVar
 
 import numpy as np
 
@@ -38,27 +38,35 @@ from cerebras_tf.wse.kernels.conv_geometry import Geom
 _JIT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-# Each pooling kernel's Geom, made on its first call and kept per attrs object and input shape (the executor hands a
-# kernel the same attrs every step; host_kernels_tf._Plans keeps its plans the same way): (attrs, Geom), the attrs
-# kept so that their id is not reused. All are dropped past _GEOMS_LIMIT (a program has a few).
-_GEOMS: dict[tuple[int, tuple[int, ...]], tuple[Mapping[str, Any], Geom]] = {}
-_GEOMS_LIMIT = 1024
+# What a pooling kernel works out from its attrs (its Geom, its loops' window counts), made on its first call and
+# kept per owner object (the attrs, which the executor hands a kernel every step, as host_kernels_tf._Plans relies
+# on; a kept Geom) and key: (owner, value), the owner kept so that its id is not reused. All are dropped past
+# _KEPT_LIMIT (a program has a few pooling kernels).
+_KEPT: dict[tuple[int, Hashable], tuple[object, Any]] = {}
+_KEPT_LIMIT = 1024
+_T = TypeVar("_T")
+
+
+def _kept(owner: object, key: Hashable, make: Callable[[], _T]) -> _T:
+    """make(), once per `owner` object and `key`."""
+    kept = _KEPT.get((id(owner), key))
+    if kept is not None and kept[0] is owner:
+        return kept[1]
+    value = make()
+    if len(_KEPT) >= _KEPT_LIMIT:
+        _KEPT.clear()
+    _KEPT[(id(owner), key)] = (owner, value)
+    return value
 
 
 def _geom(attrs: Mapping[str, Any], shape: Sequence[int]) -> Geom:
     """The pooling's geometry (a window is a filter of ksize): made once per attrs object and shape."""
-    key = (id(attrs), tuple(int(d) for d in shape))
-    kept = _GEOMS.get(key)
-    if kept is not None and kept[0] is attrs:
-        return kept[1]
-    fmt = str(attrs.get("data_format", "NHWC"))
-    ks = list(attrs["ksize"])
-    k = (ks[2], ks[3]) if fmt.startswith("NC") else (ks[1], ks[2])
-    g = Geom({**attrs, "dilations": None}, shape, (int(k[0]), int(k[1])))
-    if len(_GEOMS) >= _GEOMS_LIMIT:
-        _GEOMS.clear()
-    _GEOMS[key] = (attrs, g)
-    return g
+    def make() -> Geom:
+        fmt = str(attrs.get("data_format", "NHWC"))
+        ks = list(attrs["ksize"])
+        k = (ks[2], ks[3]) if fmt.startswith("NC") else (ks[1], ks[2])
+        return Geom({**attrs, "dilations": None}, shape, (int(k[0]), int(k[1])))
+    return _kept(attrs, tuple(int(d) for d in shape), make)
 
 
 def _nhwc(x: np.ndarray, g: Geom) -> np.ndarray:
@@ -616,21 +624,10 @@ def _counts(g: Geom) -> np.ndarray:
     return cnt
 
 
-_LOOP_COUNTS: dict[tuple[int, np.dtype], tuple[Geom, np.ndarray]] = {}
-
-
 def _loop_counts(g: Geom, dtype: np.dtype) -> np.ndarray:
     """_counts as the numba loops take them, [oh, ow] of `dtype` (read only): made once per Geom (which _geom
     keeps) and dtype."""
-    key = (id(g), dtype)
-    kept = _LOOP_COUNTS.get(key)
-    if kept is not None and kept[0] is g:
-        return kept[1]
-    counts = np.ascontiguousarray(_counts(g)[0, :, :, 0].astype(dtype))
-    if len(_LOOP_COUNTS) >= _GEOMS_LIMIT:
-        _LOOP_COUNTS.clear()
-    _LOOP_COUNTS[key] = (g, counts)
-    return counts
+    return _kept(g, dtype, lambda: np.ascontiguousarray(_counts(g)[0, :, :, 0].astype(dtype)))
 
 
 @register("avg_pool")
