@@ -153,6 +153,20 @@ class Schedule:
     rank: tuple[float, ...] = ()  # per unit: its cost plus the largest rank among its dependents (critical path)
     inline: frozenset[int] = frozenset()  # units run inline (Access.inline)
 
+    def drops_in_order(self) -> tuple[tuple[int, ...], ...]:
+        """Per unit: the tensors to drop once it has finished, when the units run one at a time in program
+        order (each after its last reader in the phase)."""
+        left = dict(self.readers)
+        drops = []
+        for releases in self.releases:
+            mine = []
+            for t in releases:
+                left[t] -= 1
+                if left[t] == 0:
+                    mine.append(t)
+            drops.append(tuple(mine))
+        return tuple(drops)
+
     @classmethod
     def build(cls, units: Sequence[Access], droppable: Collection[int]) -> "Schedule":
         """The graph of `units` (one phase, in program order); `droppable`: tensors whose last use is in
@@ -455,10 +469,7 @@ def run(schedule: Schedule, compute: Callable[[int], Any], complete: Callable[[i
 def _run_in_order(schedule: Schedule, compute: Callable[[int], Any], complete: Callable[[int, Any], None],
                   drop: Callable[[int], None]) -> None:
     """`run` on one thread: every unit in program order (what the scheduler would pick), without its lock."""
-    left = dict(schedule.readers)
-    for index, releases in enumerate(schedule.releases):
+    for index, drops in enumerate(schedule.drops_in_order()):
         complete(index, compute(index))
-        for t in releases:
-            left[t] -= 1
-            if left[t] == 0:
-                drop(t)
+        for t in drops:
+            drop(t)

@@ -100,6 +100,41 @@ def test_the_first_error_in_program_order_is_raised_and_nothing_after_it_starts(
         assert set(started) <= set(range(5))
 
 
+def test_in_program_order_each_tensor_is_dropped_after_its_last_reader():
+    units = [Access(reads=[], outputs=[1]), Access(reads=[1], outputs=[2]), Access(reads=[1, 2], outputs=[3]),
+             Access(reads=[3], outputs=[4]), Access(reads=[], outputs=[5])]
+    schedule = Schedule.build(units, droppable={1, 2, 3})
+    assert schedule.drops_in_order() == ((), (), (1, 2), (3,), ())
+    dropped: list[tuple[int, int]] = []
+    finished: list[int] = []
+    dataflow.run(schedule, lambda i: i, lambda i, r: finished.append(i), lambda t: dropped.append((len(finished), t)))
+    assert dropped == [(3, 1), (3, 2), (4, 3)]  # right after units 2, 2 and 3 finished
+
+
+def test_the_executors_in_order_run_leaves_what_the_scheduler_leaves():
+    """One thread (Executor._run_in_order, wiring resolved per layout) and two (dataflow.run): the same values
+    and the same tensors dropped after a phase."""
+    from cerebras_tf import ir
+    from cerebras_tf.wse.executor import Executor
+    tensors = [ir.Tensor(i, [8, 8], "float32", f"t{i}") for i in range(5)]
+    kernels = [ir.Kernel(0, "neg", [0], [1], {}), ir.Kernel(1, "abs", [1], [2], {}),
+               ir.Kernel(2, "add", [1, 2], [3], {}), ir.Kernel(3, "mul", [3, 3], [4], {})]
+    program = ir.Program(mode="eval", tensors=tensors, kernels=kernels, variables=[], inputs={"features": 0},
+                         outputs={"predictions": 4})
+    x = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
+    left = []
+    for count in (1, 2):
+        executor = Executor(program, {}, threads=count)
+        executor._threads_now = count
+        values = {0: x}
+        executor._run(executor._step_layout, 0, values, 0, None)
+        left.append(values)
+    assert left[0].keys() == left[1].keys() == {4}  # the output kept; the input, 1, 2 and 3 dropped
+    for t in left[0]:
+        np.testing.assert_array_equal(left[0][t], left[1][t])
+    np.testing.assert_array_equal(left[0][4], np.square(-x + np.abs(-x)))
+
+
 def test_an_inline_unit_runs_on_the_thread_that_settles_its_last_dependency():
     """Views (Access.inline) never go through the ready heap: the thread that settles the unit they wait for
     runs them there and then, a chain of them too; their results, drops and errors are any unit's."""

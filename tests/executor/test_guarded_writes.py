@@ -1,4 +1,5 @@
-"""The executor on hand-built IR programs: guarded writes, and what a non-finite step with a GradScaler skips."""
+"""The executor on hand-built IR programs: guarded writes, and what a non-finite step with a GradScaler skips
+(one thread in program order, Executor._run_in_order, and the dataflow scheduler's two)."""
 from __future__ import annotations
 
 import numpy as np
@@ -27,8 +28,9 @@ def _guarded_program() -> ir.Program:
                       inputs={"features": 0}, outputs={"loss": 0})
 
 
-def test_a_guarded_write_runs_only_when_its_guard_is_true():
-    executor = Executor(_guarded_program(), {"v": np.float32(0), "w": np.float32(0)})
+@pytest.mark.parametrize("threads", [1, 2], ids=["in-order", "dataflow"])
+def test_a_guarded_write_runs_only_when_its_guard_is_true(threads):
+    executor = Executor(_guarded_program(), {"v": np.float32(0), "w": np.float32(0)}, threads=threads)
     for x in (2.0, -1.0, 0.5, 0.0):
         executor.step(np.float32(x))
     assert executor.variables() == {"v": 2.5, "w": 1.5}
@@ -61,10 +63,11 @@ def _check_guarded_program() -> ir.Program:
                       arrays={2: np.arange(8, dtype=np.float32).reshape(4, 2)})
 
 
-def test_a_check_guarded_kernel_refuses_bad_ids_only_when_its_guard_is_true():
+@pytest.mark.parametrize("threads", [1, 2], ids=["in-order", "dataflow"])
+def test_a_check_guarded_kernel_refuses_bad_ids_only_when_its_guard_is_true(threads):
     program = ir.Program.from_json(_check_guarded_program().to_json(), _check_guarded_program().arrays)
     assert program.kernels[0].check_guard == 1 and program.kernels[0].reads == [2, 0, 1]
-    executor = Executor(program, {})
+    executor = Executor(program, {}, threads=threads)
     ids = np.array([3, 9, 0], np.int32)
     rows = executor.step(ids, np.bool_(False)).outputs["predictions/rows"]  # not taken: clamped, discarded
     np.testing.assert_array_equal(rows, [[6, 7], [6, 7], [0, 1]])
@@ -95,9 +98,10 @@ def _scaled_program() -> ir.Program:
                       gradient_seed=2, gradients=[4])
 
 
-def test_a_non_finite_step_skips_only_the_writes_and_every_output_exists():
+@pytest.mark.parametrize("threads", [1, 2], ids=["in-order", "dataflow"])
+def test_a_non_finite_step_skips_only_the_writes_and_every_output_exists(threads):
     scaler = GradScaler(loss_scale="dynamic", init_scale=8.0)
-    executor = Executor(_scaled_program(), {"v": np.float32(1)}, grad_scaler=scaler)
+    executor = Executor(_scaled_program(), {"v": np.float32(1)}, grad_scaler=scaler, threads=threads)
     result = executor.step(np.float32(2.0))
     assert result.finite and float(result.outputs["host_call/0"]) == 2.0  # unscaled
     assert executor.variables()["v"] == -1.0
