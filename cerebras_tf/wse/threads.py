@@ -50,12 +50,24 @@ _loop_threads: bool | None = None  # whether numba's parallel loops may run in t
 _loop_threads_lock = threading.Lock()
 
 
+_host_threads: int | None = None
+
+
 def host_threads() -> int:
-    """Cores this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
+    """Cores this process may run on: read once per process (a system call and a set on each split otherwise),
+    and again in a forked child."""
+    global _host_threads
+    if _host_threads is None:
+        try:
+            _host_threads = max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:  # not on Linux
+            _host_threads = max(1, os.cpu_count() or 1)
+    return _host_threads
+
+
+def _forget_host_threads() -> None:
+    global _host_threads
+    _host_threads = None
 
 
 _blas_lock = threading.Lock()
@@ -365,3 +377,4 @@ def _forget_loop_threads() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_loop_threads)
     os.register_at_fork(after_in_child=_Helper.forget)
+    os.register_at_fork(after_in_child=_forget_host_threads)

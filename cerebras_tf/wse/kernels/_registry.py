@@ -66,6 +66,16 @@ def np_dtype(name: Any) -> np.dtype:
     return np.dtype(name)
 
 
+def attr_ints(value: Any) -> list[int]:
+    """An integer-list attr (an int, a list or tuple of ints, or an array of them) as a list of Python ints; a
+    list of ints as the compiler writes it is taken as it is, without a numpy round trip."""
+    if type(value) is int:
+        return [value]
+    if isinstance(value, (list, tuple)) and all(type(v) is int for v in value):
+        return list(value)
+    return [int(a) for a in np.atleast_1d(np.asarray(value, np.int64)).tolist()]
+
+
 def normalize_axis(axis: int, ndim: int) -> int:
     """A TF axis (negative counts from the end) as a non-negative index."""
     return axis + ndim if axis < 0 else axis

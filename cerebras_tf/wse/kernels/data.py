@@ -12,11 +12,9 @@ import numpy as np
 
 from cerebras_tf.wse.kernels import _jit
 from cerebras_tf.wse.kernels._indices import check_indices, check_segment_ids, clamped
-from cerebras_tf.wse.kernels._registry import KernelContext, register
+from cerebras_tf.wse.kernels._registry import KernelContext, attr_ints, register
 
-
-def _ints(v: Any) -> list[int]:
-    return [int(a) for a in np.atleast_1d(np.asarray(v, np.int64)).tolist()]
+_ints = attr_ints
 
 
 def _int(v: Any) -> int:

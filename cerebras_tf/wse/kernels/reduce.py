@@ -5,12 +5,13 @@ contiguous array's leading axes adds its rows in one numba loop, in numpy's own 
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from cerebras_tf.wse.kernels import _jit
-from cerebras_tf.wse.kernels._registry import KernelContext, KernelFn, np_dtype, register
+from cerebras_tf.wse.kernels._registry import KernelContext, KernelFn, attr_ints, np_dtype, register
 from cerebras_tf.wse.kernels.half import NO_ROUNDING, rounded
 from cerebras_tf.wse.memory import empty_aligned
 
@@ -18,8 +19,7 @@ from cerebras_tf.wse.memory import empty_aligned
 def _axes(axis: Any, ndim: int) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(ndim))
-    values = np.atleast_1d(np.asarray(axis, np.int64)).tolist()
-    return tuple(sorted({a + ndim if a < 0 else a for a in values}))
+    return tuple(sorted({a + ndim if a < 0 else a for a in attr_ints(axis)}))
 
 
 @_jit.jit
@@ -41,7 +41,7 @@ def _outer_sums(x2: np.ndarray, out: np.ndarray, x2_rounded: np.ndarray | None,
 
 def _outer_applies(x: np.ndarray, axes: tuple[int, ...]) -> bool:
     return (_jit.enabled() and x.dtype in (np.float32, np.float64) and x.flags.c_contiguous
-            and axes == tuple(range(len(axes))) and 0 < len(axes) < x.ndim and int(np.prod(x.shape[len(axes):])) >= 2)
+            and axes == tuple(range(len(axes))) and 0 < len(axes) < x.ndim and math.prod(x.shape[len(axes):]) >= 2)
 
 
 def outer_sum(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray | None:
@@ -79,8 +79,8 @@ def _make(reducer):
         x = np.asarray(inputs[0])
         axes = _axes(attrs.get("axis"), x.ndim)
         out = reducer(x, axes)
-        if attrs.get("keep_dims"):
-            out = np.expand_dims(out, axes) if axes else out
+        if attrs.get("keep_dims") and axes:
+            out = np.asarray(out).reshape([1 if i in axes else d for i, d in enumerate(x.shape)])
         return [np.asarray(out)]
     return kernel
 
@@ -90,7 +90,7 @@ def _mean(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
         n = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
         s = x.sum(axis=axes, dtype=x.dtype)
         return (np.sign(s) * (np.abs(s) // n)).astype(x.dtype)
-    return sum_over(x, axes) / x.dtype.type(int(np.prod([x.shape[a] for a in axes])) or 1)
+    return sum_over(x, axes) / x.dtype.type(math.prod(x.shape[a] for a in axes) or 1)
 
 
 register("sum")(_make(sum_over))
