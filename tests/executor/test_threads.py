@@ -237,3 +237,20 @@ def test_a_child_forked_after_splits_ran_splits_on_helpers_of_its_own(monkeypatc
     assert _split_in_child(1000) == [(0, 500), (500, 1000)]  # the parent's helper now exists
     with multiprocessing.get_context("fork").Pool(1) as pool:
         assert pool.apply_async(_split_in_child, (1000,)).get(timeout=60) == [(0, 500), (500, 1000)]
+
+
+def _host_threads_in_child() -> int:
+    return threads.host_threads()
+
+
+def test_the_core_count_is_read_once_per_process_and_again_in_a_forked_child(monkeypatch):
+    import multiprocessing
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(threads, "_host_threads", None)
+    assert threads.host_threads() == cores
+    monkeypatch.setattr(threads, "_host_threads", cores + 5)  # as kept from an earlier read
+    assert threads.host_threads() == cores + 5
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply_async(_host_threads_in_child).get(timeout=60) == cores

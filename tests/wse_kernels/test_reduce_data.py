@@ -14,7 +14,8 @@ REDUCE = {"sum": R.Sum, "mean": R.Mean, "max": R.Max, "min": R.Min, "prod": R.Pr
 
 
 @pytest.mark.parametrize("kind", sorted(REDUCE))
-@pytest.mark.parametrize("axis", [[1], [0, 2], [-1], [], [0, 1, 2]])
+@pytest.mark.parametrize("axis", [[1], [0, 2], [-1], [], [0, 1, 2], 1, (0, 2), np.array([0, -1], np.int64)],
+                         ids=["[1]", "[0,2]", "[-1]", "[]", "[0,1,2]", "int", "tuple", "ndarray"])  # attr forms
 @pytest.mark.parametrize("keep", [False, True])
 def test_reductions(kind, axis, keep, rng):
     x = rng.normal(size=(4, 5, 6)).astype(F)
