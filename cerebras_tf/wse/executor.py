@@ -790,16 +790,9 @@ class Executor:
         same results and drops), without its per-unit callbacks (the zoo CNN's step 1-2% faster)."""
         for p, inputs, outputs, guard, check, writes, drops in units:
             if not ((skip_writes and writes) or (guard is not None and not bool(values[guard]))):
-                ctx = p.ctx
                 if check is not None:
-                    ctx.check = bool(values[check])
-                ctx.step = step
-                try:
-                    results = p.fn([values[t] for t in inputs], p.kernel.attrs, ctx)
-                except KernelInputError as error:  # as _call says which kernel
-                    error.kernel = p.kernel
-                    raise
-                for t, value in zip(outputs, results):
+                    p.ctx.check = bool(values[check])
+                for t, value in zip(outputs, Executor._call(p, [values[t] for t in inputs], step)):
                     values[t] = value
             for t in drops:
                 del values[t]
