@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 import os
 import queue
 import threading
@@ -94,10 +95,15 @@ class ThreadChoice:
     median share of the first candidate's step in the same round is kept (the smaller count on a tie). A
     round's steps run within a few hundred milliseconds, so a slow spell of the machine slows both alike:
     comparing the two medians of nine steps instead, the zoo transformer kept one thread in 2 processes of 11,
-    where two (splitting kernels into shared blocks) were 5-9% faster, its steps' quartiles 5% apart."""
+    where two (splitting kernels into shared blocks) were 5-9% faster, its steps' quartiles 5% apart.
+    Where TRIALS rounds leave it unclear (`_clear`: the best won too few rounds against the runner-up for a
+    sign test), rounds go on, up to MAX_TRIALS, and the median shares of them all decide: the zoo transformer,
+    two threads about 4.5% faster, kept one in 1 process of 6 after 12 rounds, its rounds' shares 0.65-1.5.
+    The trial steps are training steps like any other (the same bits either way)."""
 
     WARMUP = 6
     TRIALS = 12
+    MAX_TRIALS = 40
 
     def __init__(self, candidates: Sequence[int]) -> None:
         self.candidates = tuple(candidates)
@@ -120,13 +126,24 @@ class ThreadChoice:
         if self._steps >= self.WARMUP:
             self._times[count].append(seconds)
         self._steps += 1
-        if all(len(times) >= self.TRIALS for times in self._times.values()):
-            first = self._times[self.candidates[0]]
+        rounds = min(len(times) for times in self._times.values())
+        if rounds >= self.TRIALS and len(self._times[self.candidates[-1]]) == rounds:  # at a round's end
+            ranked = sorted(self.candidates, key=lambda c: (self._median_share(c), c))
+            if rounds >= self.MAX_TRIALS or self._clear(ranked[0], ranked[1]):
+                self.chosen = ranked[0]
 
-            def median_share(c: int) -> float:
-                shares = sorted(t / max(f, 1e-12) for t, f in zip(self._times[c], first))
-                return shares[len(shares) // 2]
-            self.chosen = min(self.candidates, key=lambda c: (median_share(c), c))
+    def _median_share(self, count: int) -> float:
+        """The median over rounds of `count`'s step time as a share of the first candidate's in that round."""
+        first = self._times[self.candidates[0]]
+        shares = sorted(t / max(f, 1e-12) for t, f in zip(self._times[count], first))
+        return shares[len(shares) // 2]
+
+    def _clear(self, best: int, other: int) -> bool:
+        """Whether `best` was faster than `other` in enough rounds that chance is unlikely to explain it: a sign
+        test, two standard deviations (sqrt(n) / 2 each) over half of the n rounds."""
+        n = len(self._times[best])
+        wins = sum(b < o for b, o in zip(self._times[best], self._times[other]))
+        return wins >= n / 2 + math.sqrt(n)
 
 
 @dataclasses.dataclass(frozen=True)

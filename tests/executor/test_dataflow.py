@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -359,6 +360,35 @@ def test_the_choice_compares_the_steps_of_one_round():
         choice.record(count, (0.010 if count == 1 else 0.0105) * (3 if round_ in slow[count] else 1))
     assert sorted(choice._times[2])[trials // 2] < sorted(choice._times[1])[trials // 2]  # the medians mislead
     assert choice.chosen == 1
+
+
+def _rounds_until_chosen(choice: dataflow.ThreadChoice, two_faster: Callable[[int], bool]) -> int:
+    """Run `choice`'s warm-up, then rounds where two threads take 0.009 s against one thread's 0.010 when
+    `two_faster(round)` (else 0.011), until it chooses; how many rounds that took."""
+    for _ in range(dataflow.ThreadChoice.WARMUP):
+        choice.record(choice.next(), 0.0)
+    rounds = 0
+    while choice.chosen is None:
+        for _ in range(2):
+            count = choice.next()
+            choice.record(count, 0.010 if count == 1 else (0.009 if two_faster(rounds) else 0.011))
+        rounds += 1
+        assert rounds <= dataflow.ThreadChoice.MAX_TRIALS
+    return rounds
+
+
+def test_an_unclear_choice_takes_more_rounds():
+    """Two threads faster in 8 of the first 12 rounds is no clear win (a sign test wants 10): rounds go on
+    until it is (12 of 16), and where it never is, MAX_TRIALS rounds' median shares decide."""
+    trials = dataflow.ThreadChoice.TRIALS
+    assert _rounds_until_chosen(dataflow.ThreadChoice((1, 2)), lambda r: True) == trials
+    unclear = dataflow.ThreadChoice((1, 2))
+    assert _rounds_until_chosen(unclear, lambda r: r % 3 != 0 or r >= trials) == 16
+    assert unclear.chosen == 2
+    even = dataflow.ThreadChoice((1, 2))  # two faster in 3 rounds of 5: never clear, its median share < 1
+    assert _rounds_until_chosen(even, lambda r: r % 5 < 3) == dataflow.ThreadChoice.MAX_TRIALS
+    assert even.chosen == 2
+    assert even.next() == 2
 
 
 _SMALL_TRANSFORMER = {"batch_size": 4, "vocab_size": 300, "hidden_size": 64, "num_layers": 2, "num_heads": 2,
