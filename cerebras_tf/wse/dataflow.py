@@ -126,8 +126,9 @@ class ThreadChoice:
         if self._steps >= self.WARMUP:
             self._times[count].append(seconds)
         self._steps += 1
-        rounds = min(len(times) for times in self._times.values())
-        if rounds >= self.TRIALS and len(self._times[self.candidates[-1]]) == rounds:  # at a round's end
+        counts = {len(times) for times in self._times.values()}
+        rounds = counts.pop()
+        if not counts and rounds >= self.TRIALS:  # at a round's end: every candidate has as many steps
             ranked = sorted(self.candidates, key=lambda c: (self._median_share(c), c))
             if rounds >= self.MAX_TRIALS or self._clear(ranked[0], ranked[1]):
                 self.chosen = ranked[0]
