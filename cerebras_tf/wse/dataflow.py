@@ -98,7 +98,7 @@ class ThreadChoice:
     where two (splitting kernels into shared blocks) were 5-9% faster, its steps' quartiles 5% apart.
     Where TRIALS rounds leave it unclear (`_clear`: the best won too few rounds against the runner-up for a
     sign test), rounds go on, up to MAX_TRIALS, and the median shares of them all decide: the zoo transformer,
-    two threads about 4.5% faster, kept one in 1 process of 6 after 12 rounds, its rounds' shares 0.65-1.5.
+    two threads about 4.5% faster, kept one in 1 process of 6 after 12 rounds (its rounds' shares 0.87-1.11).
     The trial steps are training steps like any other (the same bits either way)."""
 
     WARMUP = 6
