@@ -771,12 +771,7 @@ class Executor:
 
         def compute(index: int) -> list[np.ndarray]:
             p = plan[index]
-            guard, check = p.kernel.guard, p.kernel.check_guard
-            if (skip_writes and p.writes) or (guard is not None and not bool(values[guard])):
-                return []
-            if check is not None:
-                p.ctx.check = bool(values[check])
-            return self._call(p, [values[t] for t in p.inputs], step)
+            return self._call(p, p.inputs, p.kernel.guard, p.kernel.check_guard, p.writes, values, step, skip_writes)
 
         def complete(index: int, outputs: list[np.ndarray]) -> None:
             for tid, value in zip(plan[index].outputs, outputs):
@@ -789,19 +784,24 @@ class Executor:
         """`_run` on one thread: the units in program order, as dataflow.run's one-thread order runs them (the
         same results and drops), without its per-unit callbacks (the zoo CNN's step 1-2% faster)."""
         for p, inputs, outputs, guard, check, writes, drops in units:
-            if not ((skip_writes and writes) or (guard is not None and not bool(values[guard]))):
-                if check is not None:
-                    p.ctx.check = bool(values[check])
-                for t, value in zip(outputs, Executor._call(p, [values[t] for t in inputs], step)):
-                    values[t] = value
+            for t, value in zip(outputs, Executor._call(p, inputs, guard, check, writes, values, step, skip_writes)):
+                values[t] = value
             for t in drops:
                 del values[t]
 
     @staticmethod
-    def _call(p: _Planned, inputs: list[np.ndarray], step: int) -> list[np.ndarray]:
+    def _call(p: _Planned, inputs: Sequence[int], guard: int | None, check: int | None, writes: bool,
+              values: Mapping[int, np.ndarray], step: int, skip_writes: bool) -> list[np.ndarray]:
+        """`p`'s outputs on the `inputs` of `values`, or none where it is skipped: it writes variables and
+        `skip_writes` says so, or its guard is False. Sets the kernel's check (its check guard's value) and step;
+        a KernelInputError names the kernel."""
+        if (skip_writes and writes) or (guard is not None and not bool(values[guard])):
+            return []
+        if check is not None:
+            p.ctx.check = bool(values[check])
         p.ctx.step = step
         try:
-            return p.fn(inputs, p.kernel.attrs, p.ctx)
+            return p.fn([values[t] for t in inputs], p.kernel.attrs, p.ctx)
         except KernelInputError as error:  # TF's CPU kernel refuses this input: say which kernel
             error.kernel = p.kernel
             raise
