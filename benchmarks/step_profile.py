@@ -35,8 +35,13 @@ ours runs side by side or one at a time, whichever its first steps measured fast
 "outside kernels" (our profiled wall time minus the time any kernel runs) is the executor's own work
 between kernels.
 
+--nodes N adds, per numerics, our N slowest units (a unit: a kernel, or what the executor runs as one: a
+chain, a fused pair, a dense group) beside TF's nodes of the same names (our kernels keep the TF node names
+they were lowered from), then TF's N slowest nodes no unit named: where the same convolution or matmul
+costs more in our call than in TF's own graph.
+
     ./dev bench step_profile [--models mlp,cnn,transformer] [--steps 10] [--numerics float16,float32]
-                             [--provider auto|tensorflow|numpy]
+                             [--provider auto|tensorflow|numpy] [--nodes N]
 
 `./dev bench` runs it with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (see executor_bench).
 """
@@ -46,6 +51,7 @@ import argparse
 import collections
 import os
 import re
+import statistics
 import time
 from typing import Any
 
@@ -100,12 +106,14 @@ def _our_profile(prepared: bench_models.Prepared, provider: str, steps: int) -> 
     wall = (time.perf_counter() - start) / steps * 1e3
     seconds: collections.Counter[str] = collections.Counter()
     calls: collections.Counter[str] = collections.Counter()
+    by_unit: dict[tuple[str, ...], list[float]] = collections.defaultdict(list)  # by the TF names a unit computes
     intervals: list[tuple[float, float]] = []
     for plan in executor._step_layout.plans:  # as step() runs them
         for planned in plan:
             kind = "+".join(k.kind for k in (planned.kernel, planned.beside) if k is not None)  # a dense group
+            names = _node_names(planned)
 
-            def timed(inputs, attrs, ctx, fn=planned.fn, kind=kind):
+            def timed(inputs, attrs, ctx, fn=planned.fn, kind=kind, unit=names):
                 t0 = time.perf_counter()
                 try:
                     return fn(inputs, attrs, ctx)
@@ -113,6 +121,7 @@ def _our_profile(prepared: bench_models.Prepared, provider: str, steps: int) -> 
                     t1 = time.perf_counter()
                     seconds[kind] += t1 - t0
                     calls[kind] += 1
+                    by_unit[unit].append(t1 - t0)
                     intervals.append((t0, t1))
             planned.fn = timed
     start = time.perf_counter()
@@ -122,7 +131,18 @@ def _our_profile(prepared: bench_models.Prepared, provider: str, steps: int) -> 
     running, together = _overlap(intervals)
     return {"wall": wall, "profiled_wall": profiled, "running": running / steps * 1e3, "threads": executor.threads,
             "together": together / steps * 1e3,
-            "ms": {k: v / steps * 1e3 for k, v in seconds.items()}, "n": {k: v / steps for k, v in calls.items()}}
+            "ms": {k: v / steps * 1e3 for k, v in seconds.items()}, "n": {k: v / steps for k, v in calls.items()},
+            "units": {k: _typical(v, steps) * 1e3 for k, v in by_unit.items()}}
+
+
+def _typical(times: list[float], steps: int) -> float:
+    """Per step: the median time times the runs per step (the odd step a busy host stalls left out)."""
+    return statistics.median(times) * len(times) / steps
+
+
+def _node_names(planned: Any) -> tuple[str, ...]:
+    """The TF node names of the kernels one planned unit runs (a chain's, a fused pair's, a dense group's)."""
+    return tuple(dict.fromkeys(k.tf_name or k.kind for k in planned.members))
 
 
 def _overlap(intervals: list[tuple[float, float]]) -> tuple[float, float]:
@@ -161,23 +181,59 @@ def _tf_profile(prepared: bench_models.Prepared, steps: int) -> dict[str, Any]:
         wall = (time.perf_counter() - start) / steps * 1e3
         micros: collections.Counter[str] = collections.Counter()
         nodes: collections.Counter[str] = collections.Counter()
+        by_node: dict[tuple[str, str], list[float]] = collections.defaultdict(list)  # (node name, op type)
+        spans: list[dict[str, tuple[float, float]]] = []  # per step: node name -> its start and end (ms)
         intervals: list[tuple[float, float]] = []
         options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
         start = time.perf_counter()
         for _ in range(steps):
             metadata = tf.compat.v1.RunMetadata()
             session.run(fetches, options=options, run_metadata=metadata)
+            spans.append({})
             for device in metadata.step_stats.dev_stats:
                 for node in device.node_stats:
                     op = _op_type(node)
                     micros[op] += node.all_end_rel_micros
                     nodes[op] += 1
+                    by_node[(node.node_name.split(":")[0], op)].append(node.all_end_rel_micros)
+                    spans[-1][node.node_name.split(":")[0]] = (
+                        node.all_start_micros / 1e3, (node.all_start_micros + node.all_end_rel_micros) / 1e3)
                     intervals.append((node.all_start_micros, node.all_start_micros + node.all_end_rel_micros))
         profiled = (time.perf_counter() - start) / steps * 1e3
     running, together = _overlap(intervals)
     return {"wall": wall, "profiled_wall": profiled, "running": running / steps / 1e3,
             "together": together / steps / 1e3,
-            "ms": {k: v / steps / 1e3 for k, v in micros.items()}, "n": {k: v / steps for k, v in nodes.items()}}
+            "ms": {k: v / steps / 1e3 for k, v in micros.items()}, "n": {k: v / steps for k, v in nodes.items()},
+            "nodes": {k: _typical(v, steps) / 1e3 for k, v in by_node.items()}, "spans": spans}
+
+
+def _node_table(ours: dict[str, Any], theirs: dict[str, Any], count: int) -> list[str]:
+    """Our `count` slowest units, each beside the TF nodes of the same names (the median per step of the time
+    any of them runs: a dense group's two convolution gradients run at once in TF's graph too), then TF's
+    slowest nodes that no unit named (a fusion of TF's own, named after its last op: conv + bias + relu as
+    .../Relu). Ours per step from median times (`_typical`)."""
+    tf_ms: dict[str, float] = collections.defaultdict(float)
+    tf_op: dict[str, str] = {}
+    for (name, op), ms in theirs["nodes"].items():
+        tf_ms[name] += ms
+        tf_op[name] = op
+    lines = [f"{'our unit (its kernels as TF names them)':<72} {'ours ms':>8} {'TF ms':>8}"]
+    named: set[str] = set()
+    for unit, ms in sorted(ours["units"].items(), key=lambda item: -item[1])[:count]:
+        matched = [n for n in unit if n in tf_ms]
+        named.update(matched)
+        label = " + ".join(unit)
+        label = label if len(label) <= 72 else label[:69] + "..."
+        spans = [_overlap([step[n] for n in matched if n in step])[0] for step in theirs["spans"]]
+        theirs_cell = f"{statistics.median(spans):>8.2f}" if matched else f"{'—':>8}"
+        lines.append(f"{label:<72} {ms:>8.2f} {theirs_cell}")
+    others = sorted((n for n in tf_ms if n not in named), key=lambda n: -tf_ms[n])[:count]
+    lines.append(f"{'TF nodes no unit above names (op type)':<72} {'':>8} {'TF ms':>8}")
+    for name in others:
+        label = f"{name} ({tf_op[name]})"
+        label = label if len(label) <= 72 else label[:69] + "..."
+        lines.append(f"{label:<72} {'':>8} {tf_ms[name]:>8.2f}")
+    return lines
 
 
 def _table(ours: dict[str, dict[str, Any]], theirs: dict[str, Any]) -> list[str]:
@@ -240,6 +296,8 @@ def main() -> None:
                                                              "bfloat16, float32 for float32 numerics)")
     parser.add_argument("--provider", default="auto", choices=("auto", "tensorflow", "numpy"),
                         help="our host kernels (cerebras_tf.run.host_kernels_tf.host_kernels_for)")
+    parser.add_argument("--nodes", type=int, default=0, help="also list this many of our slowest units beside "
+                                                             "TF's nodes of the same names (per numerics)")
     args = parser.parse_args()
     bench_models.quiet_tf()
     from cerebras_tf import amp
@@ -261,6 +319,10 @@ def main() -> None:
         print(f"\n{name}: {bench_models.DESCRIPTIONS[name]}")
         for line in _table(ours, theirs):
             print(line)
+        for numerics, profile in ours.items() if args.nodes else ():
+            print(f"\n{name}, ours {numerics}: the slowest units and TF's nodes of the same names (ms per step)")
+            for line in _node_table(profile, theirs, args.nodes):
+                print(line)
 
 
 if __name__ == "__main__":
