@@ -38,7 +38,7 @@ between kernels.
 --nodes N adds, per numerics, our N slowest units (a unit: a kernel, or what the executor runs as one: a
 chain, a fused pair, a dense group) beside TF's nodes of the same names (our kernels keep the TF node names
 they were lowered from), then TF's N slowest nodes no unit named: where the same convolution or matmul
-costs more in our call than in TF's own graph.
+costs more in our step than in TF's.
 
     ./dev bench step_profile [--models mlp,cnn,transformer] [--steps 10] [--numerics float16,float32]
                              [--provider auto|tensorflow|numpy] [--nodes N]
@@ -222,18 +222,19 @@ def _node_table(ours: dict[str, Any], theirs: dict[str, Any], count: int) -> lis
     for unit, ms in sorted(ours["units"].items(), key=lambda item: -item[1])[:count]:
         matched = [n for n in unit if n in tf_ms]
         named.update(matched)
-        label = " + ".join(unit)
-        label = label if len(label) <= 72 else label[:69] + "..."
+        label = _clipped(" + ".join(unit))
         spans = [_overlap([step[n] for n in matched if n in step])[0] for step in theirs["spans"]]
         theirs_cell = f"{statistics.median(spans):>8.2f}" if matched else f"{'—':>8}"
         lines.append(f"{label:<72} {ms:>8.2f} {theirs_cell}")
     others = sorted((n for n in tf_ms if n not in named), key=lambda n: -tf_ms[n])[:count]
     lines.append(f"{'TF nodes no unit above names (op type)':<72} {'':>8} {'TF ms':>8}")
     for name in others:
-        label = f"{name} ({tf_op[name]})"
-        label = label if len(label) <= 72 else label[:69] + "..."
-        lines.append(f"{label:<72} {'':>8} {tf_ms[name]:>8.2f}")
+        lines.append(f"{_clipped(f'{name} ({tf_op[name]})'):<72} {'':>8} {tf_ms[name]:>8.2f}")
     return lines
+
+
+def _clipped(label: str, width: int = 72) -> str:
+    return label if len(label) <= width else label[:width - 3] + "..."
 
 
 def _table(ours: dict[str, dict[str, Any]], theirs: dict[str, Any]) -> list[str]:
