@@ -181,55 +181,57 @@ def _tf_profile(prepared: bench_models.Prepared, steps: int) -> dict[str, Any]:
         wall = (time.perf_counter() - start) / steps * 1e3
         micros: collections.Counter[str] = collections.Counter()
         nodes: collections.Counter[str] = collections.Counter()
-        by_node: dict[tuple[str, str], list[float]] = collections.defaultdict(list)  # (node name, op type)
-        spans: list[dict[str, tuple[float, float]]] = []  # per step: node name -> its start and end (ms)
+        spans: list[dict[str, list[tuple[float, float]]]] = []  # per step: node name -> its runs' start, end (ms)
+        op_of: dict[str, str] = {}  # node name -> op type
         intervals: list[tuple[float, float]] = []
         options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
         start = time.perf_counter()
         for _ in range(steps):
             metadata = tf.compat.v1.RunMetadata()
             session.run(fetches, options=options, run_metadata=metadata)
-            spans.append({})
+            spans.append(collections.defaultdict(list))
             for device in metadata.step_stats.dev_stats:
                 for node in device.node_stats:
                     op = _op_type(node)
                     micros[op] += node.all_end_rel_micros
                     nodes[op] += 1
-                    by_node[(node.node_name.split(":")[0], op)].append(node.all_end_rel_micros)
-                    spans[-1][node.node_name.split(":")[0]] = (
-                        node.all_start_micros / 1e3, (node.all_start_micros + node.all_end_rel_micros) / 1e3)
-                    intervals.append((node.all_start_micros, node.all_start_micros + node.all_end_rel_micros))
+                    name = node.node_name.split(":")[0]
+                    op_of[name] = op
+                    begin, end = node.all_start_micros, node.all_start_micros + node.all_end_rel_micros
+                    spans[-1][name].append((begin / 1e3, end / 1e3))
+                    intervals.append((begin, end))
         profiled = (time.perf_counter() - start) / steps * 1e3
     running, together = _overlap(intervals)
     return {"wall": wall, "profiled_wall": profiled, "running": running / steps / 1e3,
             "together": together / steps / 1e3,
             "ms": {k: v / steps / 1e3 for k, v in micros.items()}, "n": {k: v / steps for k, v in nodes.items()},
-            "nodes": {k: _typical(v, steps) / 1e3 for k, v in by_node.items()}, "spans": spans}
+            "spans": spans, "ops": op_of}
 
 
 def _node_table(ours: dict[str, Any], theirs: dict[str, Any], count: int) -> list[str]:
     """Our `count` slowest units, each beside the TF nodes of the same names (the median per step of the time
     any of them runs: a dense group's two convolution gradients run at once in TF's graph too), then TF's
     slowest nodes that no unit named (a fusion of TF's own, named after its last op: conv + bias + relu as
-    .../Relu). Ours per step from median times (`_typical`)."""
-    tf_ms: dict[str, float] = collections.defaultdict(float)
-    tf_op: dict[str, str] = {}
-    for (name, op), ms in theirs["nodes"].items():
-        tf_ms[name] += ms
-        tf_op[name] = op
+    .../Relu). Both per step from median times (`_typical`)."""
+    runs: dict[str, list[float]] = collections.defaultdict(list)
+    for step in theirs["spans"]:
+        for name, intervals in step.items():
+            runs[name] += [end - start for start, end in intervals]
+    tf_ms = {name: _typical(times, len(theirs["spans"])) for name, times in runs.items()}
     lines = [f"{'our unit (its kernels as TF names them)':<72} {'ours ms':>8} {'TF ms':>8}"]
     named: set[str] = set()
     for unit, ms in sorted(ours["units"].items(), key=lambda item: -item[1])[:count]:
         matched = [n for n in unit if n in tf_ms]
         named.update(matched)
         label = _clipped(" + ".join(unit))
-        spans = [_overlap([step[n] for n in matched if n in step])[0] for step in theirs["spans"]]
+        spans = [_overlap([i for n in matched for i in step.get(n, ())])[0] for step in theirs["spans"]]
         theirs_cell = f"{statistics.median(spans):>8.2f}" if matched else f"{'—':>8}"
         lines.append(f"{label:<72} {ms:>8.2f} {theirs_cell}")
     others = sorted((n for n in tf_ms if n not in named), key=lambda n: -tf_ms[n])[:count]
     lines.append(f"{'TF nodes no unit above names (op type)':<72} {'':>8} {'TF ms':>8}")
     for name in others:
-        lines.append(f"{_clipped(f'{name} ({tf_op[name]})'):<72} {'':>8} {tf_ms[name]:>8.2f}")
+        label = _clipped(f"{name} ({theirs['ops'][name]})")
+        lines.append(f"{label:<72} {'':>8} {tf_ms[name]:>8.2f}")
     return lines
 
 
