@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from cerebras_tf.wse import dataflow, threads
+from cerebras_tf.wse import dataflow, memory, threads
 from cerebras_tf.wse.dataflow import Access, Schedule
 
 
@@ -397,12 +397,14 @@ _SMALL_TRANSFORMER = {"batch_size": 4, "vocab_size": 300, "hidden_size": 64, "nu
 
 @pytest.mark.parametrize("model,half_dtype", [("transformer", "float16"), ("transformer", "float32"),
                                               ("mlp", "float32")])
-def test_side_by_side_gives_the_bits_of_one_kernel_at_a_time(tmp_path, model, half_dtype):
+def test_side_by_side_gives_the_bits_of_one_kernel_at_a_time(tmp_path, monkeypatch, model, half_dtype):
     """The zoo's BERT-style encoder (its own Adam with weight decay in raw ops, masked-LM gather, dropout) and
     the benchmark MLP at its real size (784-500-300-10, batch 256: OpenBLAS's own two threads sum its
     256x784x500 product in another order than one thread, so how many OpenBLAS uses is fixed per program,
     never by the executor's thread count) for a few steps with dynamic loss scaling: losses, outputs and
-    every variable equal bit for bit on one thread and on two."""
+    every variable equal bit for bit on one thread and on two. On two, arrays from 4 KiB take their buffers
+    from the executor's pool (memory.BufferPool; 256 KiB in use, which the small transformer's arrays are not),
+    so a buffer handed out again while an array still used it would show."""
     from estimator import ModeKeys
 
     from benchmarks import bench_models
@@ -424,6 +426,7 @@ def test_side_by_side_gives_the_bits_of_one_kernel_at_a_time(tmp_path, model, ha
     assert dense_bound(program) == (model == "mlp")  # the MLP keeps OpenBLAS's own threads
     start = initial.initial_values(captured, program)
     batches = list(input_fn(params).take(4).as_numpy_iterator())
+    monkeypatch.setattr(memory, "POOLED_BYTES", 4096)
     runs = []
     for count in (2, 1):
         executor = Executor(program, start, grad_scaler=GradScaler(loss_scale="dynamic"), half_dtype=half_dtype,
@@ -433,6 +436,7 @@ def test_side_by_side_gives_the_bits_of_one_kernel_at_a_time(tmp_path, model, ha
             inline = {layout.plans[0][i].kernel.kind for i in layout.schedules[0].inline}
             assert inline == {"reshape", "transpose"} | ({"to_half"} if half_dtype == "float32" else set())
         outputs = [executor.step(features, labels).outputs for features, labels in batches]
+        assert (executor._pool.nbytes > 0) == (count > 1)  # pooled on two threads; one thread leaves it to malloc
         runs.append((outputs, executor.variables()))
     (outputs, variables), (expected_outputs, expected_variables) = runs
     for step, (got, expected) in enumerate(zip(outputs, expected_outputs)):

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 import pytest
 
 from cerebras_tf.wse.kernels.half import round_half
-from cerebras_tf.wse.memory import ALIGNMENT, empty_aligned
+from cerebras_tf.wse.memory import ALIGNMENT, POOLED_BYTES, BufferPool, empty_aligned, pooled
 from cerebras_tf.wse.threads import map_elementwise
 
 
@@ -26,6 +27,48 @@ def test_the_rounded_and_elementwise_results_are_aligned():
     x = np.arange(1, 100_001, dtype=np.float32)[1:]  # a view 4 bytes off its buffer's start
     assert round_half(x, "float16").ctypes.data % ALIGNMENT == 0
     assert map_elementwise(lambda a, out: np.negative(a, out=out), x).ctypes.data % ALIGNMENT == 0
+
+
+BIG = (POOLED_BYTES // 4,)  # float32 elements: a pooled array
+
+
+def test_a_pooled_buffer_is_handed_out_again_only_when_nothing_refers_to_it():
+    pool = BufferPool()
+    with pooled(pool):
+        first = empty_aligned(BIG)
+        address = first.ctypes.data
+        assert address % ALIGNMENT == 0
+        rows = first.reshape(4, -1)[1:]  # a view keeps the buffer
+        del first
+        assert empty_aligned(BIG).ctypes.data != address
+        del rows
+        again = empty_aligned(BIG)
+        assert again.ctypes.data == address
+        assert empty_aligned((POOLED_BYTES // 4 + 16,)).ctypes.data != address  # sizes are matched exactly
+        small = empty_aligned(1024)
+    buffers = pool.nbytes
+    assert buffers == 2 * (POOLED_BYTES + ALIGNMENT) + POOLED_BYTES + 64 + ALIGNMENT  # the small one is malloc's
+    del again, small
+    assert empty_aligned(BIG).ctypes.data != address  # outside `pooled`: malloc's, the pool still holds the buffer
+    assert pool.nbytes == buffers
+    pool.clear()
+    assert pool.nbytes == 0
+
+
+def test_a_buffer_one_thread_let_go_of_serves_the_next_array_on_another():
+    """What the pool is for: a step's threads share one set of buffers (malloc would keep a heap per thread)."""
+    pool = BufferPool()
+    made: list[int] = []
+
+    def make_and_drop() -> None:
+        made.append(empty_aligned(BIG).ctypes.data)
+
+    with pooled(pool):
+        worker = threading.Thread(target=make_and_drop)
+        worker.start()
+        worker.join()
+        assert empty_aligned(BIG).ctypes.data == made[0]
+    assert pool.nbytes == POOLED_BYTES + ALIGNMENT
 
 
 _FAULTS_SCRIPT = """
