@@ -401,15 +401,16 @@ class Executor:
         values are the GradScaler's (or the model's own loss scaling's) to handle, and the untaken branch of
         an if-converted tf.cond may compute anything. OpenBLAS is held to one thread for the step where the
         executor splits work itself (`_hold_blas`), and compiled loops to the calling thread where the provider's
-        threads spin (HostKernels.spinning_pool): once a step, not once a phase. On several threads, big arrays'
-        buffers come from the executor's BufferPool (memory.py: one pool for every thread, where malloc would
-        keep a heap per thread)."""
+        threads spin (HostKernels.spinning_pool): once a step, not once a phase. Unless the ThreadChoice has
+        chosen one thread, big arrays' buffers come from the executor's BufferPool (memory.py: one pool for
+        every thread, where malloc would keep a heap per thread; in the trial's one-thread steps too, which
+        would otherwise grow malloc's heap beside the pool)."""
         self._threads_now = self._threads.next()
         start = time.perf_counter()
         with (denormals.flushing(), np.errstate(over="ignore", invalid="ignore", divide="ignore"),
               threads.one_blas_thread() if self._hold_blas else contextlib.nullcontext(),
               threads.one_loop_thread() if self.host_kernels.spinning_pool else contextlib.nullcontext(),
-              memory.pooled(self._pool) if self._threads_now > 1 else contextlib.nullcontext()):
+              memory.pooled(self._pool) if self._threads.chosen != 1 else contextlib.nullcontext()):
             yield
         self._threads.record(self._threads_now, time.perf_counter() - start)
         if self._threads.chosen == 1:  # the pool's buffers back to malloc, whose one heap serves one thread better

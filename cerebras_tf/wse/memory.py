@@ -29,8 +29,8 @@ then takes no page faults a step (against 500-2,000, and 5-15 ms of system
 time) and peaks at about 1,090-1,110 MB resident, where malloc's two arenas
 grew to 1,110-1,290 (TF's own step: 1,115). On one thread malloc's one heap
 does better (the pool keeps a buffer per size, malloc coalesces freed blocks
-of any size: the transformer 1,038 MB without, 1,063 with), so one-thread
-steps leave it out.
+of any size: the transformer 1,038 MB without, 1,063 with), so an executor
+that has chosen one thread leaves it out.
 """
 from __future__ import annotations
 

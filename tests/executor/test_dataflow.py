@@ -136,6 +136,28 @@ def test_the_executors_in_order_run_leaves_what_the_scheduler_leaves():
     np.testing.assert_array_equal(left[0][4], np.square(-x + np.abs(-x)))
 
 
+def test_steps_take_big_buffers_from_the_executors_pool_until_one_thread_is_chosen(monkeypatch):
+    """While the ThreadChoice tries one thread and two, every step pools its big arrays (a one-thread trial step
+    on malloc's heap would grow that heap beside the pool); once it has chosen one thread the pool is let go."""
+    from cerebras_tf import ir
+    from cerebras_tf.wse.executor import Executor
+    monkeypatch.setattr(memory, "POOLED_BYTES", 4096)
+    tensors = [ir.Tensor(i, [64, 64], "float32", f"t{i}") for i in range(3)]
+    kernels = [ir.Kernel(0, "softmax", [0], [1], {}), ir.Kernel(1, "matmul", [1, 1], [2], {})]
+    program = ir.Program(mode="eval", tensors=tensors, kernels=kernels, variables=[], inputs={"features": 0},
+                         outputs={"predictions": 2})
+    x = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    executor = Executor(program, {})
+    executor._threads = trial = dataflow.ThreadChoice((1, 2))
+    trial._steps = trial.WARMUP  # past the warm-up: the trial's rounds start with one thread
+    assert trial.next() == 1 and trial.chosen is None
+    pooled = executor.step(x).outputs["predictions"]
+    assert executor._pool.nbytes >= 64 * 64 * 4  # softmax's output at least
+    executor._threads = dataflow.ThreadChoice((1,))
+    np.testing.assert_array_equal(executor.step(x).outputs["predictions"], pooled)
+    assert executor._pool.nbytes == 0
+
+
 def test_an_inline_unit_runs_on_the_thread_that_settles_its_last_dependency():
     """Views (Access.inline) never go through the ready heap: the thread that settles the unit they wait for
     runs them there and then, a chain of them too; their results, drops and errors are any unit's."""
