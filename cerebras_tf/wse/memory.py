@@ -114,19 +114,26 @@ class BufferPool:
 # References to a kept buffer that nothing else holds, as sys.getrefcount counts them in BufferPool.take:
 # the pool's list, the loop's variable and getrefcount's argument.
 _UNUSED_REFERENCES = 3
-_active_pool: BufferPool | None = None
+_active_pool: BufferPool | None = None  # the pool of the step that started last among those running
+_running: list[BufferPool] = []  # the pools of the steps running now, in the order they started
+_running_lock = threading.Lock()
 
 
 @contextlib.contextmanager
 def pooled(pool: BufferPool) -> Iterator[None]:
     """`empty_aligned` takes big buffers from `pool` meanwhile, on every thread (an Executor's step: its kernels
-    run on the executor's threads)."""
+    run on the executor's threads). Steps of two executors at once on two threads share the later one's pool
+    while both run; once neither does, no pool is in use, whichever ended first."""
     global _active_pool
-    before, _active_pool = _active_pool, pool
+    with _running_lock:
+        _running.append(pool)
+        _active_pool = pool
     try:
         yield
     finally:
-        _active_pool = before
+        with _running_lock:
+            _running.remove(pool)
+            _active_pool = _running[-1] if _running else None
 
 
 _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)

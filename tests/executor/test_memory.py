@@ -71,6 +71,21 @@ def test_a_buffer_one_thread_let_go_of_serves_the_next_array_on_another():
     assert pool.nbytes == POOLED_BYTES + ALIGNMENT
 
 
+def test_steps_that_overlap_leave_no_pool_in_use_whichever_ends_first():
+    """Two executors stepping at once on two threads: the first to start may end first."""
+    first, second = BufferPool(), BufferPool()
+    first_step, second_step = pooled(first), pooled(second)
+    first_step.__enter__()
+    second_step.__enter__()
+    made = [empty_aligned(BIG)]
+    first_step.__exit__(None, None, None)
+    made.append(empty_aligned(BIG))
+    second_step.__exit__(None, None, None)
+    assert (first.nbytes, second.nbytes) == (0, 2 * (POOLED_BYTES + ALIGNMENT))  # the later one's while both ran
+    empty_aligned(BIG)
+    assert (first.nbytes, second.nbytes) == (0, 2 * (POOLED_BYTES + ALIGNMENT))  # and none after
+
+
 _FAULTS_SCRIPT = """
 import resource, sys
 import numpy as np
