@@ -55,9 +55,9 @@ def empty_aligned(shape: Sequence[int] | int, dtype: Any = np.float32) -> np.nda
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
-    pool = _active_pool
-    if pool is not None and nbytes >= POOLED_BYTES:
-        buffer = pool.take(nbytes + ALIGNMENT)
+    in_use = _running[-1:]  # the last running step's pool, read in one operation (another step may end meanwhile)
+    if in_use and nbytes >= POOLED_BYTES:
+        buffer = in_use[0].take(nbytes + ALIGNMENT)
     else:
         buffer = np.empty(nbytes + ALIGNMENT, np.uint8)
     start = -ctypes.addressof(ctypes.c_char.from_buffer(buffer)) % ALIGNMENT
@@ -114,8 +114,7 @@ class BufferPool:
 # References to a kept buffer that nothing else holds, as sys.getrefcount counts them in BufferPool.take:
 # the pool's list, the loop's variable and getrefcount's argument.
 _UNUSED_REFERENCES = 3
-_active_pool: BufferPool | None = None  # the pool of the step that started last among those running
-_running: list[BufferPool] = []  # the pools of the steps running now, in the order they started
+_running: list[BufferPool] = []  # the pools of the steps running now, in the order they started; the last in use
 _running_lock = threading.Lock()
 
 
@@ -124,16 +123,13 @@ def pooled(pool: BufferPool) -> Iterator[None]:
     """`empty_aligned` takes big buffers from `pool` meanwhile, on every thread (an Executor's step: its kernels
     run on the executor's threads). Steps of two executors at once on two threads share the later one's pool
     while both run; once neither does, no pool is in use, whichever ended first."""
-    global _active_pool
     with _running_lock:
         _running.append(pool)
-        _active_pool = pool
     try:
         yield
     finally:
         with _running_lock:
             _running.remove(pool)
-            _active_pool = _running[-1] if _running else None
 
 
 _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
