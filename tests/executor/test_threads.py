@@ -13,6 +13,8 @@ from cerebras_tf.wse import threads
 
 @pytest.mark.parametrize("size", [0, 5, threads.MIN_ELEMENTS_PER_THREAD * 2 + 3, 1_000_003])
 def test_split_range_covers_every_index_once(size, monkeypatch):
+    """In chunks of fixed bounds (CHUNKS_PER_THREAD a thread where it splits), each done once; the caller
+    takes chunks too."""
     monkeypatch.setattr(threads, "host_threads", lambda: 3)
     seen, names, lock = [], set(), threading.Lock()
 
@@ -25,9 +27,35 @@ def test_split_range_covers_every_index_once(size, monkeypatch):
     covered = sorted(seen)
     assert covered[0][0] == 0 and covered[-1][1] == size
     assert all(a[1] == b[0] for a, b in zip(covered, covered[1:]))
-    expected_parts = max(1, min(3, size // threads.MIN_ELEMENTS_PER_THREAD))
-    assert len(covered) == expected_parts
-    assert (len(names) > 1) == (expected_parts > 1)  # the caller works too, the pool takes the rest
+    parts = max(1, min(3, size // threads.MIN_ELEMENTS_PER_THREAD))
+    chunks = 1 if parts == 1 else threads.CHUNKS_PER_THREAD * parts
+    assert covered == [(size * i // chunks, size * (i + 1) // chunks) for i in range(chunks)]
+    assert threading.current_thread().name in names
+
+
+def test_a_helper_that_wakes_late_takes_what_is_left_and_the_caller_the_rest(monkeypatch):
+    """The threads take chunks as they come free: while the helper has not started, the caller goes on with the
+    next chunks instead of waiting for a fixed share; once it has, the helper takes chunks too."""
+    monkeypatch.setattr(threads, "host_threads", lambda: 2)
+    helper_started = threading.Event()
+    by_thread: dict[str, list[int]] = {}
+    lock = threading.Lock()
+
+    def work(lo, hi):
+        me = threading.current_thread()
+        if me is not threading.main_thread():
+            helper_started.set()
+        with lock:
+            by_thread.setdefault(me.name, []).append(lo)
+        if me is threading.main_thread() and len(by_thread[me.name]) == 2:
+            assert helper_started.wait(10)  # the helper is awake now: it takes chunks while the caller waits
+        time.sleep(0.01)
+
+    threads.split_range(800, work, 100)
+    chunks = threads.CHUNKS_PER_THREAD * 2
+    starts = sorted(lo for los in by_thread.values() for lo in los)
+    assert starts == [800 * i // chunks for i in range(chunks)]
+    assert len(by_thread) == 2 and all(by_thread.values())
 
 
 @pytest.mark.parametrize("size", [0, 7, threads.MIN_ELEMENTS_PER_THREAD * 3 + 1])
@@ -174,26 +202,35 @@ def test_a_loop_beside_another_kernel_goes_to_the_executors_shared_blocks(monkey
     assert shared == [[0, 250, 500, 750, 1000], [0, 500, 1000]]
 
 
-def test_a_slices_error_is_raised_after_every_slice_finished(monkeypatch):
-    """split_range on helper threads: an error in a helper's slice reaches the caller, once every slice is done
-    (none still runs on the caller's arrays), and the helpers take the next split as before."""
+def test_a_chunks_error_is_raised_after_every_started_chunk_finished(monkeypatch):
+    """split_range on helper threads: an error in a helper's chunk reaches the caller once every chunk that
+    started has finished (none still runs on the caller's arrays), no chunk starts after it, and the helpers
+    take the next split as before."""
     monkeypatch.setattr(threads, "host_threads", lambda: 3)
-    finished, lock = [], threading.Lock()
+    started, finished, lock = [], [], threading.Lock()
+    first_error = threading.Event()
 
     def work(lo, hi):
-        if threading.current_thread() is not threading.main_thread():
-            time.sleep(0.05)  # still running when the caller's own slice is done
+        on_helper = threading.current_thread() is not threading.main_thread()
         with lock:
-            finished.append((lo, hi))
-        if lo > 0:
-            raise ValueError(f"slice {lo}")
+            started.append(lo)
+        if on_helper:
+            time.sleep(0.05)  # still running when the caller's chunks are done
+        elif len(started) > 1:
+            first_error.wait(1)  # the caller's later chunks wait for a helper's error
+        with lock:
+            finished.append(lo)
+        if on_helper:
+            first_error.set()
+            raise ValueError(f"chunk {lo}")
 
-    with pytest.raises(ValueError, match="slice 100"):
+    with pytest.raises(ValueError, match="chunk"):
         threads.split_range(300, work, 100)
-    assert sorted(finished) == [(0, 100), (100, 200), (200, 300)]  # raised once all three had run
+    assert sorted(started) == sorted(finished)  # raised once every started chunk had run
+    assert len(started) < threads.CHUNKS_PER_THREAD * 3  # none started after the errors
     seen = []
     threads.split_range(300, lambda lo, hi: seen.append((lo, hi)), 100)
-    assert sorted(seen) == [(0, 100), (100, 200), (200, 300)]
+    assert sorted(seen) == [(300 * i // 12, 300 * (i + 1) // 12) for i in range(12)]
 
 
 def test_splits_from_two_threads_at_once_each_cover_their_range(monkeypatch):
@@ -234,9 +271,11 @@ def test_a_child_forked_after_splits_ran_splits_on_helpers_of_its_own(monkeypatc
     import multiprocessing
 
     monkeypatch.setattr(threads, "host_threads", lambda: 2)
-    assert _split_in_child(1000) == [(0, 500), (500, 1000)]  # the parent's helper now exists
+    chunks = [(1000 * i // 8, 1000 * (i + 1) // 8) for i in range(8)]  # CHUNKS_PER_THREAD for each of 2
+    assert threads.CHUNKS_PER_THREAD == 4
+    assert _split_in_child(1000) == chunks  # the parent's helper now exists
     with multiprocessing.get_context("fork").Pool(1) as pool:
-        assert pool.apply_async(_split_in_child, (1000,)).get(timeout=60) == [(0, 500), (500, 1000)]
+        assert pool.apply_async(_split_in_child, (1000,)).get(timeout=60) == chunks
 
 
 def _host_threads_in_child() -> int:
