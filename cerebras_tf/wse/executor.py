@@ -245,7 +245,8 @@ class Executor:
     `host_kernels` provides the dense arithmetic (numpy/OpenBLAS when None); `threads`: how many kernels
     may run at once (1: one at a time, in program order; None: CEREBRAS_TF_EXECUTOR_THREADS, else the
     faster of 1 and every core, measured on the first steps: dataflow.ThreadChoice; 1 where dense kernels
-    dominate the step or the provider's library keeps its own threads on the cores: HostKernels.spinning_pool)."""
+    dominate the step or the provider's library keeps its own threads on the cores: HostKernels.spinning_pool,
+    whatever CEREBRAS_TF_EXECUTOR_THREADS asks, though a value that is no thread count is refused there too)."""
 
     def __init__(self, program: ir.Program, variables: Mapping[str, np.ndarray],
                  grad_scaler: GradScaler | None = None, half_dtype: str | None = None,
@@ -295,7 +296,8 @@ class Executor:
         # cores (the zoo CNN's step 7% slower on two threads in float32, 14% in float16), and ThreadChoice's
         # trials, steps a few percent apart, still picked two in some runs.
         side_by_side = self._hold_blas and not self.host_kernels.spinning_pool
-        choices = dataflow.thread_choices() if side_by_side else (1,)
+        requested = dataflow.thread_choices()  # a bad CEREBRAS_TF_EXECUTOR_THREADS is refused wherever it is set
+        choices = requested if side_by_side else (1,)
         self._threads = dataflow.ThreadChoice((threads,) if threads is not None else choices)
         self._threads_now = self._threads.next()
         self._plans = tuple(self._plan(*phase) for phase in zip(self._phases, pairs, folds, normalized_pools))

@@ -348,6 +348,11 @@ def test_a_provider_whose_library_keeps_its_threads_on_the_cores_runs_one_kernel
     assert Executor(program, {}).threads is None  # measuring 1 against 2
     spinning = dataclasses.replace(NUMPY_HOST_KERNELS, spinning_pool=True)
     assert Executor(program, {}, host_kernels=spinning).threads == 1
+    monkeypatch.setenv(dataflow.ENV_VAR, "2")
+    assert Executor(program, {}, host_kernels=spinning).threads == 1  # one at a time all the same
+    monkeypatch.setenv(dataflow.ENV_VAR, "two")  # no thread count: refused here too, not ignored
+    with pytest.raises(ValueError, match=dataflow.ENV_VAR):
+        Executor(program, {}, host_kernels=spinning)
 
 
 def test_the_choice_keeps_the_count_whose_steps_were_faster():
