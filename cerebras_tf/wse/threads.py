@@ -118,6 +118,14 @@ def kernels_beside(count: int) -> None:
 # four row blocks and 5.92 in eight.
 SHARED_BLOCKS_PER_THREAD = 2
 
+# split_range cuts its range into this many chunks per thread, which the threads take one at a time: a helper
+# thread that wakes late (70-90 us on this project's VM, more while TensorFlow's threads spin on the cores) joins
+# in for what is left, instead of the caller waiting for a fixed half. The zoo CNN's step (8 splits) spent
+# 0.80-1.11 ms a step waiting for its helpers with a fixed half each, 0.40-0.47 ms with chunks. A chunk costs
+# a call (about 1.5 us for a numba loop). The chunks' bounds depend on the range alone, never on the timing.
+CHUNKS_PER_THREAD = 4
+
+
 _local = threading.local()  # .share: the executor run's hook for sharing a kernel's blocks (sharing)
 
 
@@ -173,14 +181,6 @@ def split_range(size: int, work: Callable[[int, int], object], min_per_thread: i
         chunks.run(work)
     finally:
         _Helper.give_back(helpers)
-
-
-# split_range cuts its range into this many chunks per thread, which the threads take one at a time: a helper
-# thread that wakes late (70-90 us on this project's VM, more while TensorFlow's threads spin on the cores) joins
-# in for what is left, instead of the caller waiting for a fixed half. The zoo CNN's step (8 splits) spent
-# 0.80-1.11 ms a step waiting for its helpers with a fixed half each, 0.40-0.47 ms with chunks. A chunk costs
-# a call (about 1.5 us for a numba loop). The chunks' bounds depend on the range alone, never on the timing.
-CHUNKS_PER_THREAD = 4
 
 
 class _Chunks:

@@ -11,6 +11,11 @@ import pytest
 from cerebras_tf.wse import threads
 
 
+def _chunks(size: int, count: int) -> list[tuple[int, int]]:
+    """split_range's fixed chunk bounds: range(size) in `count` chunks."""
+    return [(size * i // count, size * (i + 1) // count) for i in range(count)]
+
+
 @pytest.mark.parametrize("size", [0, 5, threads.MIN_ELEMENTS_PER_THREAD * 2 + 3, 1_000_003])
 def test_split_range_covers_every_index_once(size, monkeypatch):
     """In chunks of fixed bounds (CHUNKS_PER_THREAD a thread where it splits), each done once; the caller
@@ -29,7 +34,7 @@ def test_split_range_covers_every_index_once(size, monkeypatch):
     assert all(a[1] == b[0] for a, b in zip(covered, covered[1:]))
     parts = max(1, min(3, size // threads.MIN_ELEMENTS_PER_THREAD))
     chunks = 1 if parts == 1 else threads.CHUNKS_PER_THREAD * parts
-    assert covered == [(size * i // chunks, size * (i + 1) // chunks) for i in range(chunks)]
+    assert covered == _chunks(size, chunks)
     assert threading.current_thread().name in names
 
 
@@ -52,9 +57,8 @@ def test_a_helper_that_wakes_late_takes_what_is_left_and_the_caller_the_rest(mon
         time.sleep(0.01)
 
     threads.split_range(800, work, 100)
-    chunks = threads.CHUNKS_PER_THREAD * 2
     starts = sorted(lo for los in by_thread.values() for lo in los)
-    assert starts == [800 * i // chunks for i in range(chunks)]
+    assert starts == [lo for lo, _ in _chunks(800, threads.CHUNKS_PER_THREAD * 2)]
     assert len(by_thread) == 2 and all(by_thread.values())
 
 
@@ -230,7 +234,7 @@ def test_a_chunks_error_is_raised_after_every_started_chunk_finished(monkeypatch
     assert len(started) < threads.CHUNKS_PER_THREAD * 3  # none started after the errors
     seen = []
     threads.split_range(300, lambda lo, hi: seen.append((lo, hi)), 100)
-    assert sorted(seen) == [(300 * i // 12, 300 * (i + 1) // 12) for i in range(12)]
+    assert sorted(seen) == _chunks(300, threads.CHUNKS_PER_THREAD * 3)
 
 
 def test_splits_from_two_threads_at_once_each_cover_their_range(monkeypatch):
@@ -271,8 +275,7 @@ def test_a_child_forked_after_splits_ran_splits_on_helpers_of_its_own(monkeypatc
     import multiprocessing
 
     monkeypatch.setattr(threads, "host_threads", lambda: 2)
-    chunks = [(1000 * i // 8, 1000 * (i + 1) // 8) for i in range(8)]  # CHUNKS_PER_THREAD for each of 2
-    assert threads.CHUNKS_PER_THREAD == 4
+    chunks = _chunks(1000, threads.CHUNKS_PER_THREAD * 2)
     assert _split_in_child(1000) == chunks  # the parent's helper now exists
     with multiprocessing.get_context("fork").Pool(1) as pool:
         assert pool.apply_async(_split_in_child, (1000,)).get(timeout=60) == chunks
