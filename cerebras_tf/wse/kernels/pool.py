@@ -117,9 +117,10 @@ def _max_pool_loop(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int, p
     half.rounded, its tap taken before: a to_half of the output in the same pass (None: a type of its own, as
     taps None).
     One output row of windows at a time: the row's maxima and winning taps build up in [ow, C] work arrays
-    (the CPU's cache), taps outermost, so the input is read row by row in order; each window still takes its
-    taps in order (i, then j). 25-30% faster than a window at a time in the output (the zoo CNN's batch norm +
-    relu + pool, 64x32x32x32: 1.01 -> 0.75 ms on one thread), the same bits."""
+    (the CPU's cache); a window's tap row i is the outer loop, then the windows, then the tap column j, so the
+    input is read row by row in order, and each window still takes its taps in order (i, then j). 25-30% faster
+    than a window at a time in the output (the zoo CNN's batch norm + relu + pool, 64x32x32x32: 1.01 -> 0.75 ms
+    on one thread), the same bits."""
     h, w, c = x.shape[1], x.shape[2], x.shape[3]
     oh, ow = out.shape[1], out.shape[2]
     none = np.uint8(NO_TAP)
