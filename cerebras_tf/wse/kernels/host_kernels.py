@@ -34,8 +34,9 @@ class HostKernels:
     library can take several independent kernels in one call and run them at once (TensorFlow's executor
     does): the executor hands it adjacent independent dense kernels (fusion.dense_groups); None: one by one.
     `spinning_pool`: its library's own threads keep spinning on the cores after each call (TensorFlow's), so the
-    executor keeps its compiled loops off numba's threads (threads.one_loop_thread) and runs one kernel at a
-    time (its threads=None picks 1 without measuring). batch_matmul's operands
+    executor keeps its compiled loops off numba's threads (threads.one_loop_thread), runs one kernel at a
+    time (its threads=None picks 1 without measuring) and keeps the cores from idling during a step
+    (spin_wait.cores_awake: each call wakes the library's threads). batch_matmul's operands
     may be strided views (fusion.lazy_transposes), and its attrs may ask for a layout of its result
     ("out_perm", fusion.transposed_outputs), which a provider may ignore."""
 
