@@ -24,7 +24,8 @@ threads 0.99x in float16 and 1.02x in float32, the MLP 1.00x and 1.02x, every on
 so the executor spins with a provider whose pool it hands each dense kernel to (HostKernels.spinning_pool).
 The results are the same bits either way; the process's CPU time counts the spinning.
 
-Linux only (SCHED_IDLE and per-thread affinity), with numba; CEREBRAS_TF_SPIN_WAIT=0 turns it off.
+Linux only (SCHED_IDLE and per-thread affinity), with numba, and not where the process's CPU time is capped
+(a container's --cpus: the spinning would count against the cap); CEREBRAS_TF_SPIN_WAIT=0 turns it off.
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ _flag = np.zeros(1, np.int64)  # 1 while the spinners spin
 _go = threading.Event()  # set while they should spin (they wait on it in between)
 _spinners: list[threading.Thread] = []
 _compiled = False
+_capped = False  # cpu_capped(), read with the compile
 
 _spin: Callable[[np.ndarray, int], int] | None = None
 # Reads of the flag a spinner goes on for after a step ends, each a sched_yield (about 0.5 us here): about a
@@ -85,17 +87,51 @@ else:
 
 
 def available() -> bool:
-    """Whether spinners can run here: Linux's SCHED_IDLE and per-thread affinity, and numba. The loop is compiled
-    (or loaded from numba's disk cache) on the first call, on the calling thread."""
-    global _compiled
+    """Whether spinners can run here: Linux's SCHED_IDLE and per-thread affinity, numba, and no cap on the
+    process's CPU time (`cpu_capped`). The loop is compiled (or loaded from numba's disk cache) on the first
+    call, on the calling thread."""
+    global _compiled, _capped
     if _spin is None or not (hasattr(os, "SCHED_IDLE") and hasattr(os, "sched_setaffinity")):
         return False
     if not _compiled:
         with _lock:
             if not _compiled:
+                _capped = cpu_capped()  # read once a process
                 _spin(np.zeros(1, np.int64), 0)  # returns at once
                 _compiled = True
-    return True
+    return not _capped
+
+
+_CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def cpu_capped(root: str = _CGROUP_ROOT, cgroups: str = "/proc/self/cgroup") -> bool:
+    """Whether the process's cgroup caps its CPU time (a container's --cpus: cgroup v2's cpu.max, v1's
+    cpu.cfs_quota_us): a spinner's time would count against the cap and throttle the step's own threads, so
+    none spins there. False where it cannot tell."""
+    try:
+        with open(cgroups) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return False
+    files = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        path = path.rstrip("/")
+        if controllers == "":  # cgroup v2
+            files += [(f"{root}{path}/cpu.max", "v2"), (f"{root}/cpu.max", "v2")]
+        elif "cpu" in controllers.split(","):
+            for mount in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
+                files += [(f"{root}/{mount}{path}/cpu.cfs_quota_us", "v1"), (f"{root}/{mount}/cpu.cfs_quota_us", "v1")]
+    for name, version in files:
+        try:
+            with open(name) as f:
+                value = f.read().split()
+        except OSError:
+            continue
+        if value and (value[0] != "max" if version == "v2" else value[0] != "-1"):
+            return True
+    return False
 
 
 def wanted() -> bool:

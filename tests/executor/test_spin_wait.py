@@ -79,6 +79,26 @@ def test_overlapping_blocks_on_two_threads_spin_until_the_last_ends():
     assert not spin_wait.spinning()
 
 
+@pytest.mark.parametrize("files, capped", [
+    ({"0::/job": "", "job/cpu.max": "max 100000"}, False),
+    ({"0::/job": "", "job/cpu.max": "200000 100000"}, True),  # a container's --cpus=2
+    ({"4:cpu,cpuacct:/job": "", "cpu,cpuacct/job/cpu.cfs_quota_us": "-1"}, False),
+    ({"4:cpu,cpuacct:/job": "", "cpu,cpuacct/job/cpu.cfs_quota_us": "150000"}, True),
+    ({"4:cpu,cpuacct:/": "", "cpu,cpuacct/cpu.cfs_quota_us": "50000"}, True),
+    ({"0::/job": ""}, False),  # no such file: cannot tell
+])
+def test_no_spinning_where_the_cgroup_caps_the_process_cpu_time(tmp_path, files, capped):
+    """A spinner's time would count against a cgroup's CPU cap and throttle the step's own threads."""
+    membership = "\n".join(line for line in files if ":" in line)
+    (tmp_path / "cgroup").write_text(membership)
+    for name, text in files.items():
+        if ":" not in name:
+            (tmp_path / "fs" / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / "fs" / name).write_text(text)
+    assert spin_wait.cpu_capped(str(tmp_path / "fs"), str(tmp_path / "cgroup")) is capped
+    assert spin_wait.cpu_capped(str(tmp_path / "fs"), str(tmp_path / "missing")) is False
+
+
 def test_the_environment_turns_it_off(monkeypatch):
     monkeypatch.setenv(spin_wait.ENV_VAR, "0")
     with spin_wait.cores_awake():
