@@ -46,7 +46,7 @@ _spinners: list[threading.Thread] = []
 _compiled = False
 _capped = False  # cpu_capped(), read with the compile
 
-_spin: Callable[[np.ndarray, int], int] | None = None
+_spin: Callable[[np.ndarray, int], None] | None = None
 # Reads of the flag a spinner goes on for after a step ends, each a sched_yield (about 0.5 us here): about a
 # millisecond, which covers the gap between a training loop's steps.
 GRACE_READS = 2000
@@ -71,17 +71,13 @@ else:
 
     _yield_core: Any = _sched_yield  # typed loosely: numba's intrinsics take the typing context only when compiling
 
-    def _spin_loop(flag: np.ndarray, grace: int) -> int:  # pragma: no cover - compiled by numba
+    def _spin_loop(flag: np.ndarray, grace: int) -> None:  # pragma: no cover - compiled by numba
         """Spin while flag[0] != 0, and on for `grace` more reads after it last was (the next step may start
-        by then), yielding the core between reads (the call also makes the compiler read the flag again);
-        the number of reads."""
-        reads = 0
+        by then), yielding the core between reads (the call also makes the compiler read the flag again)."""
         since = 0
         while since < grace:
             since = 0 if flag[0] != 0 else since + 1
             _yield_core()
-            reads += 1
-        return reads
 
     _spin = _njit(nogil=True, cache=True)(_spin_loop)
 
@@ -139,7 +135,7 @@ def wanted() -> bool:
     return os.environ.get(ENV_VAR, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def _spinner(core: int, spin: Callable[[np.ndarray, int], int], go: threading.Event, flag: np.ndarray) -> None:
+def _spinner(core: int, spin: Callable[[np.ndarray, int], None], go: threading.Event, flag: np.ndarray) -> None:
     """A spinner's life: on `core` alone, at idle priority; spins whenever `go` is set, until `flag` has been 0
     for GRACE_READS reads."""
     try:
